@@ -1,0 +1,62 @@
+"""The Python REPL sandbox: persistent, isolated IPython kernels with the `apis` bridge.
+
+    from sandbox import KernelPool
+    pool = KernelPool(size=4, timeout_s=30)
+    sb = pool.acquire(handler=lambda app, api, kwargs: {"echo": kwargs})
+    sb.execute("apis.phone.login(username='x')").output   # "{'echo': {'username': 'x'}}\\n"
+    pool.release(sb)
+
+Each sandbox is one ipykernel started through jupyter_client. It imports no torch and nothing
+from `tasks/` or `loop/`, so environments run on any machine.
+
+What is isolated (each layer is probed at start; `isolation_report()` says which are active):
+- Network: the kernel lives in an empty network namespace (bubblewrap). Only the bridge's Unix
+  socket and the kernel's own Jupyter sockets, both files in its channel directory, reach out.
+  Abstract Unix sockets of the host are unreachable (they belong to the host's namespace).
+- Files: a read-only view of /usr, the Python installation and a few /etc files; a private
+  HOME (the scratch directory, the only persistent writable place) and a private /tmp (a
+  size-capped tmpfs). The project directory, run directories, other sandboxes, the host's /tmp
+  and home, and our own packages (even when installed in site-packages) are not visible.
+  /etc/passwd lists only the sandbox's user.
+- Processes: a new pid namespace (host processes are invisible, and the kernel's parent is the
+  namespace's init); as root, each kernel runs under a uid of its own with no capabilities and
+  no_new_privs, so it cannot signal or ptrace host processes.
+- Resources: per-sandbox cgroup caps on processes+threads, memory and CPU share; rlimits on
+  address space, CPU seconds, open files, file size and core dumps; cell wall time (interrupt,
+  then kill and replace); output size (cut with a notice, host memory stays bounded).
+- Environment: the kernel gets a fresh environment (no host variables, tokens or keys).
+- Failure: a kernel that dies (segfault, os._exit, SIGKILL, out of memory) is reported as
+  `crashed=True` and replaced; a hung one is killed; teardown kills the whole cgroup; sandboxes
+  left behind by a killed host are reaped by the next one.
+
+What is not isolated:
+- The kernel shares the host's Linux kernel (namespaces, not a VM): a kernel exploit escapes.
+- The bridge handler runs in the host process: a flood of `apis` calls costs host CPU until the
+  cell's time limit, and the handler must treat its arguments as untrusted (names are checked).
+- Agent code can read the installed Python packages and /usr, and use the CPU share and memory
+  it is given; it can read its own connection file and talk to its own kernel.
+- Where a layer is missing (no bubblewrap, no writable cgroups, not root) the sandbox logs a
+  loud warning naming what is lost, or refuses to start with `strict=True`.
+"""
+
+from sandbox.bridge import ApiError, BridgeServer, Handler
+from sandbox.isolation import Capabilities, probe
+from sandbox.kernel import ExecutionResult, Sandbox, SandboxIsolationError, isolation_report
+from sandbox.limits import Limits
+from sandbox.pool import KernelPool
+from sandbox.process import SandboxStartError
+
+__all__ = [
+    "ApiError",
+    "BridgeServer",
+    "Capabilities",
+    "ExecutionResult",
+    "Handler",
+    "KernelPool",
+    "Limits",
+    "Sandbox",
+    "SandboxIsolationError",
+    "SandboxStartError",
+    "isolation_report",
+    "probe",
+]

@@ -1,0 +1,290 @@
+"""`Sandbox`: one persistent, isolated IPython kernel that runs agent code cell by cell.
+
+    with Sandbox(handler=my_handler, timeout_s=30) as sb:
+        sb.execute("x = 41")
+        result = sb.execute("x + 1")           # result.output == "42\n"
+
+State persists across cells as in a notebook. A cell past its time limit is interrupted; if it
+does not stop within `interrupt_grace_s` the kernel is killed and replaced (state lost, said in
+the output). A kernel that dies is reported as `crashed=True` and replaced on the next call.
+Neither raises: the caller reads the result and decides whether the episode goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.bridge import Handler
+from sandbox.cgroups import Cgroup
+from sandbox.isolation import CGROUP_NAMESPACE, probe
+from sandbox.limits import Limits
+from sandbox.output import OutputCollector
+from sandbox.process import (
+    KernelProcess,
+    SandboxStartError,
+    allocate_uid,
+    next_sandbox_number,
+    remove_directory,
+)
+from sandbox.reaper import reap_stale, register_live, unregister_live, write_owner
+
+log = logging.getLogger(__name__)
+POLL_S = 0.05  # how often a waiting cell checks that the kernel is still alive
+_warned = False
+_executor_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+
+
+class SandboxIsolationError(RuntimeError):
+    """`strict=True` was asked for and this machine lacks an isolation layer."""
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What one cell did, as the agent and the trainer see it."""
+
+    output: str
+    """What a notebook shows: streams, displays, the trailing repr, a traceback, our notices."""
+    error: str | None
+    """"ExceptionType: message" of an uncaught exception, a timeout or a crash; else None."""
+    timed_out: bool
+    crashed: bool
+    duration_s: float
+
+
+def default_root() -> Path:
+    """Where sandbox directories go unless told otherwise."""
+    return Path(tempfile.gettempdir()) / f"loop-sandbox-{os.geteuid()}"
+
+
+class Sandbox:
+    """One isolated kernel with the `apis` bridge; see the module docstring."""
+
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        *,
+        timeout_s: float = 30.0,
+        max_output_chars: int = 20_000,
+        limits: Limits | None = None,
+        interrupt_grace_s: float = 3.0,
+        startup_timeout_s: float = 60.0,
+        strict: bool = False,
+        root_dir: Path | str | None = None,
+    ) -> None:
+        if timeout_s <= 0 or max_output_chars <= 0:
+            raise ValueError(f"timeout_s and max_output_chars must be > 0, got {timeout_s}, "
+                             f"{max_output_chars}")
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
+        self.limits = limits or Limits()
+        self.interrupt_grace_s = interrupt_grace_s
+        self.startup_timeout_s = startup_timeout_s
+        self.caps = probe()
+        _check_isolation(self.caps.missing(), strict)
+        root = Path(root_dir) if root_dir is not None else default_root()
+        reap_stale(root)
+        self.number = next_sandbox_number()
+        self.directory = root / f"{os.getpid()}-{self.number}"
+        self.directory.mkdir(parents=True, exist_ok=False)
+        self.directory.chmod(0o711)
+        self.uid = allocate_uid(self.number) if self.caps.separate_uid else None
+        self.cgroup: Cgroup | None = None
+        self.restarts = 0
+        self._handler = handler
+        self._lock = threading.Lock()
+        self._closed = False
+        self._lost_state_note: str | None = None
+        try:
+            if self.caps.cgroups is not None:
+                self.cgroup = self.caps.cgroups.create(
+                    self.directory.name, max_processes=self.limits.max_processes,
+                    memory_mb=self.limits.memory_mb, cpus=self.limits.cpus)
+            write_owner(self.directory, self.cgroup)
+            self._kernel = self._start_kernel()
+        except BaseException:
+            self._teardown()
+            raise
+        register_live(self)
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def handler_errors(self) -> list[str]:
+        """Exceptions the bridge handler raised that were not ApiError (handler bugs)."""
+        return self._kernel.bridge.errors
+
+    @property
+    def api_calls(self) -> int:
+        """How many `apis` requests reached the handler in this sandbox's current kernel."""
+        return self._kernel.bridge.calls
+
+    def set_handler(self, handler: Handler | None) -> None:
+        """Attach (or replace) the bridge handler that answers `apis` calls."""
+        self._handler = handler
+        self._kernel.bridge.handler = handler
+
+    def alive(self) -> bool:
+        """Whether the kernel runs now (a dead one is replaced on the next `execute`)."""
+        return not self._closed and self._kernel.alive()
+
+    def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        """Run one cell; never raises for anything the code does."""
+        if self._closed:
+            raise RuntimeError("execute() on a closed Sandbox")
+        with self._lock:
+            return self._execute(code, self.timeout_s if timeout is None else timeout)
+
+    async def execute_async(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        """`execute` without blocking the event loop (runs on the sandbox I/O threads)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_io_executor(), self.execute, code, timeout)
+
+    def close(self) -> None:
+        """Kill the kernel and everything it started, delete its files (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self._teardown()
+        unregister_live(self)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("alive" if self.alive() else "dead")
+        return f"<Sandbox {self.directory.name} {state} restarts={self.restarts}>"
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _start_kernel(self) -> KernelProcess:
+        return KernelProcess.start(
+            self.directory, caps=self.caps, limits=self.limits, uid=self.uid,
+            cgroup=self.cgroup, handler=self._handler, startup_timeout_s=self.startup_timeout_s)
+
+    def _replace_kernel(self, reason: str) -> None:
+        self._kernel.kill()
+        self.restarts += 1
+        log.info("sandbox %s: replacing its kernel (%s)", self.directory.name, reason)
+        self._kernel = self._start_kernel()
+
+    def _execute(self, code: str, timeout: float) -> ExecutionResult:
+        start = time.monotonic()
+        out = OutputCollector(self.max_output_chars)
+        if not self._kernel.alive():
+            self._replace_kernel("it had died")
+        if self._lost_state_note:
+            out.note(self._lost_state_note)
+            self._lost_state_note = None
+        kernel = self._kernel
+        msg_id = kernel.client.execute(code, store_history=True, allow_stdin=False)
+        state = _collect(kernel, msg_id, out, deadline=start + timeout)
+        timed_out = crashed = False
+        if state == "timeout":
+            timed_out = True
+            kernel.interrupt()
+            state = _collect(kernel, msg_id, out, deadline=time.monotonic() + self.interrupt_grace_s)
+            if state == "idle":
+                out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
+                out.note(f"cell interrupted: it exceeded its {timeout:g} s time limit")
+            else:
+                self._replace_kernel("it ignored an interrupt")
+                out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
+                out.note(f"cell exceeded its {timeout:g} s time limit and did not stop when "
+                         "interrupted: the kernel was restarted and all variables are lost")
+        if state == "dead":
+            crashed = True
+            reason = kernel.exit_reason()
+            out.error = f"KernelDied: the kernel {reason}"
+            out.note(f"the kernel {reason}; a new kernel will run the next cell and all "
+                     "variables are lost")
+            self._lost_state_note = "this cell ran in a new kernel: earlier variables are gone"
+        elif state == "idle":
+            _drain_reply(kernel, msg_id)
+        return ExecutionResult(out.text(), out.error, timed_out, crashed, time.monotonic() - start)
+
+    def _teardown(self) -> None:
+        kernel = getattr(self, "_kernel", None)
+        if kernel is not None:
+            kernel.kill()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        remove_directory(self.directory)
+
+
+def _collect(kernel: KernelProcess, msg_id: str, out: OutputCollector, deadline: float) -> str:
+    """Read the cell's iopub messages until it is idle ("idle"), "timeout" or "dead"."""
+    channel = kernel.client.iopub_channel
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "timeout"
+        try:
+            msg = channel.get_msg(timeout=min(POLL_S, remaining))
+        except queue.Empty:
+            if not kernel.alive():
+                return "dead"
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue  # output of an earlier, interrupted cell or of a stray thread
+        msg_type, content = msg["header"]["msg_type"], msg["content"]
+        if msg_type == "status" and content.get("execution_state") == "idle":
+            return "idle"
+        out.add(msg_type, content)
+
+
+def _drain_reply(kernel: KernelProcess, msg_id: str) -> None:
+    """Consume the shell reply of the cell so replies never pile up."""
+    with contextlib.suppress(queue.Empty):
+        while kernel.client.shell_channel.get_msg(timeout=1.0)["parent_header"].get(
+                "msg_id") != msg_id:
+            pass
+
+
+def _check_isolation(missing: list[str], strict: bool) -> None:
+    global _warned
+    if not missing:
+        return
+    if strict:
+        raise SandboxIsolationError("sandbox isolation incomplete: " + "; ".join(missing))
+    if not _warned:
+        _warned = True
+        for gap in missing:
+            log.warning("SANDBOX ISOLATION DEGRADED: %s", gap)
+
+
+def _io_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=512, thread_name_prefix="sandbox-io")
+        return _executor
+
+
+def isolation_report() -> dict[str, Any]:
+    """What this machine isolates, for logs and benchmarks."""
+    caps = probe()
+    return {
+        "bwrap": caps.bwrap is not None,
+        "cgroups": None if caps.cgroups is None else f"v{caps.cgroups.version}",
+        "separate_uid": caps.separate_uid,
+        "rlimits": caps.prlimit is not None,
+        "missing": caps.missing(),
+        "cgroup_namespace": CGROUP_NAMESPACE,
+    }
+

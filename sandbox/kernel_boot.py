@@ -1,0 +1,148 @@
+"""Start-up code run inside every kernel: defines `apis` and `ApiError`, and nothing else.
+
+This file is not imported by the host. The sandbox copies its text into the kernel's channel
+directory with the bridge socket path filled in, and ipykernel runs it at start-up (exec_files).
+It may use only the standard library: the kernel cannot import our packages.
+
+`apis.<app>.<api>(**kwargs)` sends one JSON line to the host and returns the decoded result or
+raises `ApiError`. Frames of this file carry `__tracebackhide__`, so tracebacks the agent reads
+start and end in its own code.
+"""
+
+BRIDGE_SOCKET = "__BRIDGE_SOCKET__"  # replaced by the host when it writes this file
+
+
+def _loop_make_apis(socket_path):  # type: ignore[no-untyped-def]
+    import json
+    import socket
+    import threading
+
+    class ApiError(Exception):
+        """An error returned by an app's API (str: "<status>: <message>")."""
+
+        def __init__(self, message, status=None):
+            super().__init__(message if status is None else f"{status}: {message}")
+            self.message = message
+            self.status = status
+
+    class _Channel:
+        def __init__(self):
+            self._sock = None
+            self._reader = None
+            self._next_id = 0
+            self._lock = threading.Lock()
+
+        def call(self, app, api, kwargs):
+            __tracebackhide__ = True
+            with self._lock:
+                self._next_id += 1
+                request = {"id": self._next_id, "app": app, "api": api, "kwargs": kwargs}
+                try:
+                    line = json.dumps(request)
+                except (TypeError, ValueError) as exc:
+                    message = f"apis.{app}.{api}: arguments must be JSON values ({exc})"
+                    raise TypeError(message) from None
+                try:
+                    if self._sock is None:
+                        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                        self._sock.connect(socket_path)
+                        self._reader = self._sock.makefile("rb")
+                    self._sock.sendall(line.encode() + b"\n")
+                    raw = self._reader.readline()
+                except BaseException:
+                    self._close()  # an interrupted call leaves the stream mid-message
+                    raise
+                if not raw:
+                    self._close()
+                    raise ConnectionError("the API server closed the connection") from None
+            reply = json.loads(raw)
+            if reply.get("ok"):
+                return reply.get("result")
+            raise ApiError(reply.get("error", "unknown error"), reply.get("status"))
+
+        def _close(self):
+            if self._sock is not None:
+                self._sock.close()
+            self._sock = self._reader = None
+
+    class _Api:
+        __slots__ = ("_app", "_api", "_channel")
+
+        def __init__(self, channel, app, api):
+            self._channel, self._app, self._api = channel, app, api
+
+        def __call__(self, *args, **kwargs):
+            __tracebackhide__ = True
+            if args:
+                raise TypeError(
+                    f"apis.{self._app}.{self._api} takes keyword arguments only, "
+                    f"e.g. apis.{self._app}.{self._api}(name=value)"
+                ) from None
+            return self._channel.call(self._app, self._api, kwargs)
+
+        def __repr__(self):
+            return f"<api apis.{self._app}.{self._api}>"
+
+    class _App:
+        __slots__ = ("_name", "_channel")
+
+        def __init__(self, channel, name):
+            self._channel, self._name = channel, name
+
+        def __getattr__(self, api):
+            if api.startswith("_"):
+                raise AttributeError(api)
+            return _Api(self._channel, self._name, api)
+
+        def __repr__(self):
+            return f"<app apis.{self._name}>"
+
+    class Apis:
+        """The apps of this world: call apis.<app>.<api>(**kwargs)."""
+
+        __slots__ = ("_channel",)
+
+        def __init__(self, channel):
+            self._channel = channel
+
+        def __getattr__(self, app):
+            if app.startswith("_"):
+                raise AttributeError(app)
+            return _App(self._channel, app)
+
+        def __repr__(self):
+            return "<apis: call apis.<app>.<api>(**kwargs)>"
+
+    return Apis(_Channel()), ApiError
+
+
+def _loop_hide_own_frames(own_dir):  # type: ignore[no-untyped-def]
+    """Show tracebacks without this file's frames (IPython always shows the last frame)."""
+    import types
+
+    def strip(tb):
+        kept = []
+        while tb is not None:
+            if not tb.tb_frame.f_code.co_filename.startswith(own_dir):
+                kept.append(tb)
+            tb = tb.tb_next
+        stripped = None
+        for old in reversed(kept):
+            stripped = types.TracebackType(stripped, old.tb_frame, old.tb_lasti, old.tb_lineno)
+        return stripped
+
+    formatter = get_ipython().InteractiveTB  # noqa: F821 (an IPython builtin)
+    format_traceback = formatter.structured_traceback
+
+    def structured_traceback(etype, value, tb=None, *args, **kwargs):
+        tb = strip(tb)
+        if value is not None and tb is not None:
+            value.__traceback__ = tb
+        return format_traceback(etype, value, tb, *args, **kwargs)
+
+    formatter.structured_traceback = structured_traceback
+
+
+apis, ApiError = _loop_make_apis(BRIDGE_SOCKET)
+_loop_hide_own_frames(BRIDGE_SOCKET.rsplit("/", 1)[0] + "/")
+del _loop_make_apis, _loop_hide_own_frames, BRIDGE_SOCKET

@@ -1,0 +1,82 @@
+"""What the agent sees of one cell: Jupyter iopub messages turned into bounded, printable text.
+
+The order is the notebook's: stdout and stderr as they stream, display outputs, the repr of a
+trailing expression, then a traceback. ANSI escapes and other control characters are dropped
+(binary output must not reach a tokenizer raw), and past `max_chars` the text is cut with a
+visible notice saying how much was left out. Memory stays bounded however much a cell prints.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # keeps \t and \n
+
+
+def clean_text(text: str) -> str:
+    """Printable text: no ANSI escapes, carriage returns as newlines, no control characters."""
+    text = ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    return CONTROL.sub("", text)
+
+
+def truncation_notice(dropped: int) -> str:
+    """The line appended when output was cut."""
+    return f"\n[output truncated: {dropped} more characters not shown]"
+
+
+@dataclass
+class OutputCollector:
+    """Accumulates one cell's iopub messages into at most `max_chars` characters of text."""
+
+    max_chars: int
+    parts: list[str] = field(default_factory=list)
+    kept: int = 0
+    dropped: int = 0
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, msg_type: str, content: dict[str, Any]) -> None:
+        """Take one iopub message of the cell (others, like status, are ignored)."""
+        if msg_type == "stream":
+            self._append(str(content.get("text", "")))
+        elif msg_type in ("execute_result", "display_data"):
+            data = content.get("data", {})
+            text = data.get("text/plain")
+            if text is None and data:
+                text = f"<{', '.join(sorted(data))} output>"
+            if text is not None:
+                self._append(_ensure_newline(str(text)))
+        elif msg_type == "error":
+            self.error = f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
+            traceback = "\n".join(str(line) for line in content.get("traceback", []))
+            self._append(_ensure_newline(traceback or self.error))
+
+    def note(self, text: str) -> None:
+        """Add a notice of ours (timeout, crash): shown after the output, never truncated away."""
+        self.notes.append(text)
+
+    def text(self) -> str:
+        """The cell's output as the agent reads it."""
+        out = "".join(self.parts)
+        if self.dropped:
+            out += truncation_notice(self.dropped)
+        for note in self.notes:
+            out = f"{_ensure_newline(out)}[{note}]" if out else f"[{note}]"
+        return out
+
+    def _append(self, text: str) -> None:
+        text = clean_text(text)
+        room = self.max_chars - self.kept
+        if len(text) > room:
+            self.dropped += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if text:
+            self.parts.append(text)
+            self.kept += len(text)
+
+
+def _ensure_newline(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"

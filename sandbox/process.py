@@ -1,0 +1,208 @@
+"""One confined kernel process: its directories, uid, cgroup, bridge and Jupyter channels.
+
+`KernelProcess.start()` lays out the sandbox directory, starts the bridge server, launches
+ipykernel through jupyter_client with the isolation chain of `sandbox/isolation.py`, and waits
+until the kernel answers. `kill()` ends the kernel and every process it started. `Sandbox`
+(`sandbox/kernel.py`) drives it; nothing here knows about cells or results.
+
+On disk, per sandbox (under the sandbox root, `<host pid>-<n>/`):
+
+    owner.json   the host process that owns it (a later run reaps it if that process is gone)
+    home/        the agent's scratch directory: HOME and working directory, owned by its uid
+    chan/        connection file, zmq ipc sockets, bridge socket, boot code (kernel-visible)
+    etc/         passwd, group, hosts as the kernel sees them (read-only inside)
+    spec/        the kernelspec jupyter_client launches from (host-only)
+    kernel.log   the kernel's own stdout/stderr (start-up errors end up here)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client import BlockingKernelClient, KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+from sandbox.bridge import BridgeServer, Handler
+from sandbox.cgroups import Cgroup
+from sandbox.isolation import Capabilities, LaunchPlan, kernel_command, kernel_env, write_etc
+from sandbox.limits import Limits
+
+KERNEL_NAME = "loop-sandbox"
+UID_BASE = 100_000  # kernels' uids: UID_BASE + (host pid % 1024) * 1024 + n % 1024
+BOOT_SOURCE = Path(__file__).with_name("kernel_boot.py")
+_counter = itertools.count(1)
+_counter_lock = threading.Lock()
+
+
+class SandboxStartError(RuntimeError):
+    """A kernel could not be started; the message says why and quotes its log."""
+
+
+def next_sandbox_number() -> int:
+    """A number unique among this process's sandboxes (names directories, cgroups, uids)."""
+    with _counter_lock:
+        return next(_counter)
+
+
+@dataclass
+class KernelProcess:
+    """A started kernel and what it needs; `alive()`, `interrupt()`, `kill()`."""
+
+    directory: Path
+    uid: int | None
+    cgroup: Cgroup | None
+    bridge: BridgeServer
+    manager: KernelManager
+    client: BlockingKernelClient
+    popen: subprocess.Popen[Any]
+    log_path: Path
+    exit_notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls,
+        directory: Path,
+        *,
+        caps: Capabilities,
+        limits: Limits,
+        uid: int | None,
+        cgroup: Cgroup | None,
+        handler: Handler | None,
+        startup_timeout_s: float,
+    ) -> KernelProcess:
+        """Launch a kernel in `directory` (its home/ is kept across restarts)."""
+        plan = _lay_out(directory, uid, cgroup)
+        bridge = BridgeServer(plan.chan_dir / "bridge.sock", handler)
+        manager = _manager(plan, kernel_command(caps, limits, plan))
+        log_path = directory / "kernel.log"
+        try:
+            manager.write_connection_file()  # picks the ipc socket names
+            if uid is not None:
+                os.chown(manager.connection_file, uid, uid)
+            with open(log_path, "ab") as log:
+                manager.start_kernel(env=kernel_env(plan), cwd=str(plan.home_dir), stdout=log,
+                                     stderr=log, stdin=subprocess.DEVNULL)
+            popen = manager.provisioner.process  # type: ignore[union-attr]
+            client = manager.client()
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        except Exception as exc:
+            bridge.close()
+            _kill_tree(None, cgroup)
+            raise SandboxStartError(f"could not launch the kernel: {exc}") from exc
+        process = cls(directory, uid, cgroup, bridge, manager, client, popen, log_path)
+        try:
+            client.wait_for_ready(timeout=startup_timeout_s)
+        except (RuntimeError, TimeoutError) as exc:
+            process.kill()
+            raise SandboxStartError(f"kernel did not start: {exc}; {process.log_tail()}") from None
+        return process
+
+    def alive(self) -> bool:
+        """Whether the kernel process still runs."""
+        return self.popen.poll() is None
+
+    def interrupt(self) -> None:
+        """Ask the kernel to raise KeyboardInterrupt in the running cell (control channel)."""
+        with contextlib.suppress(Exception):
+            self.manager.interrupt_kernel()
+
+    def kill(self) -> None:
+        """End the kernel and everything it started; close channels and the bridge."""
+        with contextlib.suppress(Exception):
+            self.client.stop_channels()
+        _kill_tree(self.popen, self.cgroup)
+        with contextlib.suppress(Exception):
+            self.manager.cleanup_resources()
+        self.bridge.close()
+
+    def exit_reason(self) -> str:
+        """Why the kernel process ended, as one phrase."""
+        code = self.popen.poll()
+        if code is None:
+            return "still running"
+        if self.cgroup is not None and self.cgroup.oom_killed():
+            return "killed for exceeding its memory limit"
+        if code < 0 or code > 128:
+            number = -code if code < 0 else code - 128
+            with contextlib.suppress(ValueError):
+                return f"killed by signal {signal.Signals(number).name}"
+        return f"exited with status {code}"
+
+    def log_tail(self, lines: int = 8) -> str:
+        """The end of the kernel's own log, for error messages."""
+        with contextlib.suppress(OSError):
+            text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+            if text:
+                return "kernel log: " + " | ".join(text)
+        return "kernel log is empty"
+
+
+def allocate_uid(number: int) -> int:
+    """A uid no other live sandbox of this host process uses (it bounds RLIMIT_NPROC)."""
+    return UID_BASE + (os.getpid() % 1024) * 1024 + number % 1024
+
+
+def remove_directory(directory: Path) -> None:
+    """Delete a sandbox directory (files the kernel made included)."""
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchPlan:
+    home, chan = directory / "home", directory / "chan"
+    for path in (home, chan):
+        path.mkdir(parents=True, exist_ok=True)
+        if uid is not None:
+            os.chown(path, uid, uid)
+        path.chmod(0o700)
+    for stale in chan.iterdir():  # sockets of a previous kernel of this sandbox
+        stale.unlink()
+    plan = LaunchPlan(
+        uid=uid,
+        home_dir=home,
+        chan_dir=chan,
+        etc_dir=directory / "etc",
+        procs_files=tuple(cgroup.procs_files) if cgroup else (),
+    )
+    write_etc(plan)
+    boot = BOOT_SOURCE.read_text().replace("__BRIDGE_SOCKET__", str(chan / "bridge.sock"), 1)
+    (chan / "boot.py").write_text(boot)
+    (chan / "boot.py").chmod(0o444)
+    return plan
+
+
+def _manager(plan: LaunchPlan, argv: list[str]) -> KernelManager:
+    spec_root = plan.home_dir.parent / "spec"
+    (spec_root / KERNEL_NAME).mkdir(parents=True, exist_ok=True)
+    spec = {"argv": argv, "display_name": KERNEL_NAME, "language": "python"}
+    spec["interrupt_mode"] = "message"  # a signal cannot cross into the pid namespace
+    (spec_root / KERNEL_NAME / "kernel.json").write_text(json.dumps(spec))
+    return KernelManager(
+        kernel_name=KERNEL_NAME,
+        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_root)]),
+        transport="ipc",  # Unix sockets reach into the kernel's empty network namespace
+        ip=str(plan.chan_dir / "k"),
+        connection_file=str(plan.chan_dir / "connection.json"),
+    )
+
+
+def _kill_tree(popen: subprocess.Popen[Any] | None, cgroup: Cgroup | None) -> None:
+    if popen is not None and popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(popen.pid, signal.SIGKILL)  # launched with start_new_session
+        with contextlib.suppress(ProcessLookupError):
+            popen.kill()
+    if cgroup is not None:
+        cgroup.kill_all()
+    if popen is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=10)
