@@ -38,6 +38,7 @@ Handler = Callable[[str, str, dict[str, Any]], Any]
 """handler(app, api, kwargs) -> a JSON-compatible result; raise ApiError for API errors."""
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+MAX_REQUEST_BYTES = 1 << 20
 
 
 class ApiError(Exception):
@@ -57,7 +58,7 @@ class BridgeServer:
         path: Path,
         handler: Handler | None = None,
         *,
-        max_request_bytes: int = 1 << 20,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
         send_timeout_s: float = 10.0,
     ) -> None:
         self.path = path

@@ -10,9 +10,10 @@ start and end in its own code.
 """
 
 BRIDGE_SOCKET = "__BRIDGE_SOCKET__"  # replaced by the host when it writes this file
+MAX_REQUEST_BYTES = 1 << 20  # replaced too: the bridge server's own limit
 
 
-def _loop_make_apis(socket_path):  # type: ignore[no-untyped-def]
+def _loop_make_apis(socket_path, max_request_bytes):  # type: ignore[no-untyped-def]
     import json
     import socket
     import threading
@@ -42,12 +43,16 @@ def _loop_make_apis(socket_path):  # type: ignore[no-untyped-def]
                 except (TypeError, ValueError) as exc:
                     message = f"apis.{app}.{api}: arguments must be JSON values ({exc})"
                     raise TypeError(message) from None
+                data = line.encode() + b"\n"
+                if len(data) > max_request_bytes:
+                    message = f"apis.{app}.{api}: request of {len(data)} bytes is too large "
+                    raise ValueError(message + f"(limit {max_request_bytes})") from None
                 try:
                     if self._sock is None:
                         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                         self._sock.connect(socket_path)
                         self._reader = self._sock.makefile("rb")
-                    self._sock.sendall(line.encode() + b"\n")
+                    self._sock.sendall(data)
                     raw = self._reader.readline()
                 except BaseException:
                     self._close()  # an interrupted call leaves the stream mid-message
@@ -143,6 +148,6 @@ def _loop_hide_own_frames(own_dir):  # type: ignore[no-untyped-def]
     formatter.structured_traceback = structured_traceback
 
 
-apis, ApiError = _loop_make_apis(BRIDGE_SOCKET)
+apis, ApiError = _loop_make_apis(BRIDGE_SOCKET, MAX_REQUEST_BYTES)
 _loop_hide_own_frames(BRIDGE_SOCKET.rsplit("/", 1)[0] + "/")
-del _loop_make_apis, _loop_hide_own_frames, BRIDGE_SOCKET
+del _loop_make_apis, _loop_hide_own_frames, BRIDGE_SOCKET, MAX_REQUEST_BYTES

@@ -32,7 +32,7 @@ from typing import Any
 from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from sandbox.bridge import BridgeServer, Handler
+from sandbox.bridge import MAX_REQUEST_BYTES, BridgeServer, Handler
 from sandbox.cgroups import Cgroup
 from sandbox.isolation import Capabilities, LaunchPlan, kernel_command, kernel_env, write_etc
 from sandbox.limits import Limits
@@ -82,7 +82,7 @@ class KernelProcess:
     ) -> KernelProcess:
         """Launch a kernel in `directory` (its home/ is kept across restarts)."""
         plan = _lay_out(directory, uid, cgroup)
-        bridge = BridgeServer(plan.chan_dir / "bridge.sock", handler)
+        bridge = BridgeServer(plan.chan_dir / "bridge.sock", handler, max_request_bytes=MAX_REQUEST_BYTES)
         manager = _manager(plan, kernel_command(caps, limits, plan))
         log_path = directory / "kernel.log"
         try:
@@ -175,6 +175,7 @@ def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchP
     )
     write_etc(plan)
     boot = BOOT_SOURCE.read_text().replace("__BRIDGE_SOCKET__", str(chan / "bridge.sock"), 1)
+    boot = boot.replace("1 << 20  # replaced too", f"{MAX_REQUEST_BYTES}  # replaced too", 1)
     (chan / "boot.py").write_text(boot)
     (chan / "boot.py").chmod(0o444)
     return plan
