@@ -30,10 +30,10 @@ class NotesApp:
             self.notes[note_id] = str(kwargs.get("text", ""))
             return {"note_id": note_id}
         if api == "show":
-            note_id = kwargs.get("note_id")
-            if note_id not in self.notes:
-                raise ApiError(f"no note with id {note_id!r}", status=404)
-            return {"note_id": note_id, "text": self.notes[note_id]}
+            wanted = kwargs.get("note_id")
+            if not isinstance(wanted, int) or wanted not in self.notes:
+                raise ApiError(f"no note with id {wanted!r}", status=404)
+            return {"note_id": wanted, "text": self.notes[wanted]}
         raise ApiError(f"notes has no api {api!r} (try create, show)", status=404)
 
 
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             shown = result.output.strip().splitlines()
             for line in shown[-6:]:
                 print("    " + line)
-            flags = [f for f in ("timed_out", "crashed") if getattr(result, f)]
-            print(f"    ({result.duration_s * 1000:.0f} ms{', ' + ', '.join(flags) if flags else ''})\n")
+            flags = "".join(f", {f}" for f in ("timed_out", "crashed") if getattr(result, f))
+            print(f"    ({result.duration_s * 1000:.0f} ms{flags})\n")
         pool.release(sandbox)
     return 0
 

@@ -165,7 +165,12 @@ class BridgeServer:
         except Exception as exc:
             self.errors.append(f"{app}.{api}: {type(exc).__name__}: {exc}")
             log.exception("bridge handler failed on %s.%s", app, api)
-            return {"id": rid, "ok": False, "error": "internal error in the API server", "status": 500}
+            return {
+                "id": rid,
+                "ok": False,
+                "error": "internal error in the API server",
+                "status": 500,
+            }
         return {"id": rid, "ok": True, "result": result}
 
     def encode(self, reply: dict[str, Any]) -> bytes:

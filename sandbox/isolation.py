@@ -127,8 +127,11 @@ def kernel_command(caps: Capabilities, limits: Limits, plan: LaunchPlan) -> list
 def kernel_env(plan: LaunchPlan) -> dict[str, str]:
     """The kernel's whole environment: nothing of the host's (no tokens, keys or paths)."""
     python_bin = str(Path(sys.executable).parent)
+    isolated = probe().bwrap is not None
     return {
-        "HOME": SANDBOX_HOME if probe().bwrap else str(plan.home_dir),
+        "HOME": SANDBOX_HOME if isolated else str(plan.home_dir),
+        # IPython's profile goes to the private /tmp, so the agent's home starts empty.
+        "IPYTHONDIR": "/tmp/.ipython" if isolated else str(plan.home_dir / ".ipython"),
         "USER": SANDBOX_USER,
         "LOGNAME": SANDBOX_USER,
         "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
@@ -182,13 +185,20 @@ def _bwrap_args(limits: Limits, plan: LaunchPlan) -> list[str]:
     for key, value in kernel_env(plan).items():
         args += ["--setenv", key, value]
     for top in ("bin", "lib", "lib64", "sbin"):  # merged-/usr systems have these as symlinks
-        path = Path("/") / top
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
+        top_dir = Path("/") / top
+        if top_dir.is_symlink():
+            args += ["--symlink", str(top_dir.readlink()), str(top_dir)]
+        elif top_dir.is_dir():
+            args += ["--ro-bind", str(top_dir), str(top_dir)]
     args += ["--dev", "/dev", "--proc", "/proc"]
-    args += ["--perms", "1777", "--size", str(max(1, limits.tmp_mb) * 1024 * 1024), "--tmpfs", "/tmp"]
+    args += [
+        "--perms",
+        "1777",
+        "--size",
+        str(max(1, limits.tmp_mb) * 1024 * 1024),
+        "--tmpfs",
+        "/tmp",
+    ]
     ro_binds = ["/usr", *_python_dirs()]
     ro_binds += [str(Path("/etc") / name) for name in ETC_ALLOWED if (Path("/etc") / name).exists()]
     args += _make_parents([*ro_binds, SANDBOX_HOME, str(plan.chan_dir)])

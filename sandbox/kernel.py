@@ -32,7 +32,6 @@ from sandbox.limits import Limits
 from sandbox.output import OutputCollector
 from sandbox.process import (
     KernelProcess,
-    SandboxStartError,
     allocate_uid,
     next_sandbox_number,
     remove_directory,
@@ -84,8 +83,9 @@ class Sandbox:
         root_dir: Path | str | None = None,
     ) -> None:
         if timeout_s <= 0 or max_output_chars <= 0:
-            raise ValueError(f"timeout_s and max_output_chars must be > 0, got {timeout_s}, "
-                             f"{max_output_chars}")
+            raise ValueError(
+                f"timeout_s and max_output_chars must be > 0, got {timeout_s}, {max_output_chars}"
+            )
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.limits = limits or Limits()
@@ -109,8 +109,11 @@ class Sandbox:
         try:
             if self.caps.cgroups is not None:
                 self.cgroup = self.caps.cgroups.create(
-                    self.directory.name, max_processes=self.limits.max_processes,
-                    memory_mb=self.limits.memory_mb, cpus=self.limits.cpus)
+                    self.directory.name,
+                    max_processes=self.limits.max_processes,
+                    memory_mb=self.limits.memory_mb,
+                    cpus=self.limits.cpus,
+                )
             write_owner(self.directory, self.cgroup)
             self._kernel = self._start_kernel()
         except BaseException:
@@ -174,8 +177,14 @@ class Sandbox:
 
     def _start_kernel(self) -> KernelProcess:
         return KernelProcess.start(
-            self.directory, caps=self.caps, limits=self.limits, uid=self.uid,
-            cgroup=self.cgroup, handler=self._handler, startup_timeout_s=self.startup_timeout_s)
+            self.directory,
+            caps=self.caps,
+            limits=self.limits,
+            uid=self.uid,
+            cgroup=self.cgroup,
+            handler=self._handler,
+            startup_timeout_s=self.startup_timeout_s,
+        )
 
     def _replace_kernel(self, reason: str) -> None:
         self._kernel.kill()
@@ -187,7 +196,12 @@ class Sandbox:
         start = time.monotonic()
         out = OutputCollector(self.max_output_chars)
         if not self._kernel.alive():
-            self._replace_kernel("it had died")
+            reason = self._kernel.exit_reason()
+            self._replace_kernel(f"it had died: {reason}")
+            self._lost_state_note = self._lost_state_note or (
+                f"the previous kernel {reason}; this cell ran in a new kernel: earlier "
+                "variables are gone"
+            )
         if self._lost_state_note:
             out.note(self._lost_state_note)
             self._lost_state_note = None
@@ -198,21 +212,27 @@ class Sandbox:
         if state == "timeout":
             timed_out = True
             kernel.interrupt()
-            state = _collect(kernel, msg_id, out, deadline=time.monotonic() + self.interrupt_grace_s)
+            state = _collect(
+                kernel, msg_id, out, deadline=time.monotonic() + self.interrupt_grace_s
+            )
             if state == "idle":
                 out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
                 out.note(f"cell interrupted: it exceeded its {timeout:g} s time limit")
             else:
                 self._replace_kernel("it ignored an interrupt")
                 out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
-                out.note(f"cell exceeded its {timeout:g} s time limit and did not stop when "
-                         "interrupted: the kernel was restarted and all variables are lost")
+                out.note(
+                    f"cell exceeded its {timeout:g} s time limit and did not stop when "
+                    "interrupted: the kernel was restarted and all variables are lost"
+                )
         if state == "dead":
             crashed = True
             reason = kernel.exit_reason()
             out.error = f"KernelDied: the kernel {reason}"
-            out.note(f"the kernel {reason}; a new kernel will run the next cell and all "
-                     "variables are lost")
+            out.note(
+                f"the kernel {reason}; a new kernel will run the next cell and all "
+                "variables are lost"
+            )
             self._lost_state_note = "this cell ran in a new kernel: earlier variables are gone"
         elif state == "idle":
             _drain_reply(kernel, msg_id)
@@ -251,8 +271,10 @@ def _collect(kernel: KernelProcess, msg_id: str, out: OutputCollector, deadline:
 def _drain_reply(kernel: KernelProcess, msg_id: str) -> None:
     """Consume the shell reply of the cell so replies never pile up."""
     with contextlib.suppress(queue.Empty):
-        while kernel.client.shell_channel.get_msg(timeout=1.0)["parent_header"].get(
-                "msg_id") != msg_id:
+        while (
+            kernel.client.shell_channel.get_msg(timeout=1.0)["parent_header"].get("msg_id")
+            != msg_id
+        ):
             pass
 
 
@@ -287,4 +309,3 @@ def isolation_report() -> dict[str, Any]:
         "missing": caps.missing(),
         "cgroup_namespace": CGROUP_NAMESPACE,
     }
-

@@ -71,7 +71,7 @@ def _loop_make_apis(socket_path, max_request_bytes):  # type: ignore[no-untyped-
             self._sock = self._reader = None
 
     class _Api:
-        __slots__ = ("_app", "_api", "_channel")
+        __slots__ = ("_api", "_app", "_channel")
 
         def __init__(self, channel, app, api):
             self._channel, self._app, self._api = channel, app, api
@@ -89,7 +89,7 @@ def _loop_make_apis(socket_path, max_request_bytes):  # type: ignore[no-untyped-
             return f"<api apis.{self._app}.{self._api}>"
 
     class _App:
-        __slots__ = ("_name", "_channel")
+        __slots__ = ("_channel", "_name")
 
         def __init__(self, channel, name):
             self._channel, self._name = channel, name

@@ -37,16 +37,22 @@ class KernelPool:
             raise ValueError(f"need size >= 0 and max_starting >= 1, got {size}, {max_starting}")
         self.size = size
         self.sandbox_kwargs = sandbox_kwargs
-        self.stats = {"started": 0, "acquired": 0, "released": 0, "dead_on_acquire": 0,
-                      "start_failures": 0}
+        self.stats = {
+            "started": 0,
+            "acquired": 0,
+            "released": 0,
+            "dead_on_acquire": 0,
+            "start_failures": 0,
+        }
         self._idle: deque[Sandbox] = deque()
         self._leased: set[Sandbox] = set()
         self._starting = 0
         self._cond = threading.Condition()
         self._closed = False
         self._last_error: BaseException | None = None
-        self._workers = ThreadPoolExecutor(max_workers=max_starting + 2,
-                                           thread_name_prefix="kernel-pool")
+        self._workers = ThreadPoolExecutor(
+            max_workers=max_starting + 2, thread_name_prefix="kernel-pool"
+        )
         self._max_starting = max_starting
         self._refill()
 
@@ -87,8 +93,9 @@ class KernelPool:
             self._refill_locked()
         self._workers.submit(sandbox.close)
 
-    async def acquire_async(self, handler: Handler | None = None,
-                            timeout: float | None = None) -> Sandbox:
+    async def acquire_async(
+        self, handler: Handler | None = None, timeout: float | None = None
+    ) -> Sandbox:
         """`acquire` without blocking the event loop."""
         return await asyncio.to_thread(self.acquire, handler, timeout)
 

@@ -18,6 +18,7 @@ On disk, per sandbox (under the sandbox root, `<host pid>-<n>/`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -25,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ UID_BASE = 100_000  # kernels' uids: UID_BASE + (host pid % 1024) * 1024 + n % 1
 BOOT_SOURCE = Path(__file__).with_name("kernel_boot.py")
 _counter = itertools.count(1)
 _counter_lock = threading.Lock()
+_launcher_pool: ThreadPoolExecutor | None = None
 
 
 class SandboxStartError(RuntimeError):
@@ -82,7 +85,9 @@ class KernelProcess:
     ) -> KernelProcess:
         """Launch a kernel in `directory` (its home/ is kept across restarts)."""
         plan = _lay_out(directory, uid, cgroup)
-        bridge = BridgeServer(plan.chan_dir / "bridge.sock", handler, max_request_bytes=MAX_REQUEST_BYTES)
+        bridge = BridgeServer(
+            plan.chan_dir / "bridge.sock", handler, max_request_bytes=MAX_REQUEST_BYTES
+        )
         manager = _manager(plan, kernel_command(caps, limits, plan))
         log_path = directory / "kernel.log"
         try:
@@ -90,8 +95,15 @@ class KernelProcess:
             if uid is not None:
                 os.chown(manager.connection_file, uid, uid)
             with open(log_path, "ab") as log:
-                manager.start_kernel(env=kernel_env(plan), cwd=str(plan.home_dir), stdout=log,
-                                     stderr=log, stdin=subprocess.DEVNULL)
+                launch = functools.partial(
+                    manager.start_kernel,
+                    env=kernel_env(plan),
+                    cwd=str(plan.home_dir),
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                )
+                _launcher().submit(launch).result()
             popen = manager.provisioner.process  # type: ignore[union-attr]
             client = manager.client()
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
@@ -131,11 +143,11 @@ class KernelProcess:
         if code is None:
             return "still running"
         if self.cgroup is not None and self.cgroup.oom_killed():
-            return "killed for exceeding its memory limit"
+            return "was killed for exceeding its memory limit"
         if code < 0 or code > 128:
             number = -code if code < 0 else code - 128
             with contextlib.suppress(ValueError):
-                return f"killed by signal {signal.Signals(number).name}"
+                return f"was killed by signal {signal.Signals(number).name}"
         return f"exited with status {code}"
 
     def log_tail(self, lines: int = 8) -> str:
@@ -145,6 +157,20 @@ class KernelProcess:
             if text:
                 return "kernel log: " + " | ".join(text)
         return "kernel log is empty"
+
+
+def _launcher() -> ThreadPoolExecutor:
+    """The long-lived threads every kernel is spawned from.
+
+    bwrap's --die-with-parent uses PR_SET_PDEATHSIG, which fires when the *thread* that forked
+    it exits. Spawning from these threads (alive until interpreter exit) ties a kernel's life to
+    the host process, not to whichever short-lived thread happened to start it.
+    """
+    global _launcher_pool
+    with _counter_lock:
+        if _launcher_pool is None:
+            _launcher_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kernel-launch")
+        return _launcher_pool
 
 
 def allocate_uid(number: int) -> int:

@@ -51,8 +51,11 @@ def close_all() -> None:
 def write_owner(directory: Path, cgroup: Cgroup | None) -> None:
     """Record who owns a sandbox directory and which cgroups to empty when reaping it."""
     owner: dict[str, Any] = {"pid": _own_pid(), "start": _start_time(_own_pid())}
-    owner["cgroup"] = None if cgroup is None else {
-        "version": cgroup.version, "dirs": [str(d) for d in cgroup.dirs]}
+    owner["cgroup"] = (
+        None
+        if cgroup is None
+        else {"version": cgroup.version, "dirs": [str(d) for d in cgroup.dirs]}
+    )
     (directory / "owner.json").write_text(json.dumps(owner))
 
 

@@ -55,7 +55,7 @@ def test_loop_that_ignores_sigint_is_killed_and_replaced(sb: Sandbox, canary: Sa
 
 
 def test_loop_that_swallows_keyboard_interrupt_still_ends(sb: Sandbox) -> None:
-    code = "while True:\n    try:\n        while True: pass\n    except KeyboardInterrupt:\n        pass"
+    code = "while True:\n    try:\n        while True: pass\n    except KeyboardInterrupt: pass"
     result = sb.execute(code, timeout=1)
     assert result.timed_out and result.duration_s < 1 + sb.interrupt_grace_s + 5
     assert sb.execute("'ok'").output.startswith("'ok'\n")
@@ -137,8 +137,10 @@ def test_kill_every_process_reaches_only_the_sandbox(sb: Sandbox, canary: Sandbo
 
 def test_host_processes_are_invisible(sb: Sandbox) -> None:
     pids = json.loads(
-        sb.execute("import os, json\nprint(json.dumps([int(p) for p in os.listdir('/proc') "
-                   "if p.isdigit()]))").output
+        sb.execute(
+            "import os, json\nprint(json.dumps([int(p) for p in os.listdir('/proc') "
+            "if p.isdigit()]))"
+        ).output
     )
     assert os.getpid() not in pids or max(pids) < 50, pids
     assert len(pids) < 20, f"sees {len(pids)} processes"
@@ -315,7 +317,9 @@ def test_our_packages_are_not_importable(sb: Sandbox) -> None:
         assert result.error is not None and "ModuleNotFoundError" in result.error, name
 
 
-def test_host_environment_is_not_inherited(pool: KernelPool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_environment_is_not_inherited(
+    pool: KernelPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LOOP_TEST_API_KEY", "sk-secret")
     with Sandbox(timeout_s=10, strict=True) as sb:
         result = sb.execute("import os\nsorted(os.environ)")
@@ -505,8 +509,9 @@ def test_host_keeps_serving_while_a_sandbox_misbehaves(pool: KernelPool, canary:
 
     def misbehave() -> None:
         try:
-            bad.execute("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
-                        timeout=4)
+            bad.execute(
+                "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", timeout=4
+            )
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -538,4 +543,3 @@ def test_subprocess_network_is_contained_too(sb: Sandbox) -> None:
     )
     output = sb.execute(code, timeout=20).output
     assert output.startswith("1 ") and "unreachable" in output.lower(), output
-
