@@ -74,7 +74,7 @@ class KernelPool:
                         sandbox.set_handler(handler)
                         return sandbox
                     self.stats["dead_on_acquire"] += 1
-                    self._workers.submit(sandbox.close)
+                    self._workers.submit(sandbox.close)  # not closed: the pool is open
                 if self._last_error is not None and self._starting == 0:
                     error, self._last_error = self._last_error, None
                     raise RuntimeError(f"the pool cannot start kernels: {error}") from error
@@ -90,8 +90,12 @@ class KernelPool:
             self._leased.discard(sandbox)
             self.stats["released"] += 1
             sandbox.set_handler(None)
-            self._refill_locked()
-        self._workers.submit(sandbox.close)
+            closed = self._closed
+            if not closed:
+                self._refill_locked()
+                self._workers.submit(sandbox.close)
+        if closed:
+            sandbox.close()
 
     async def acquire_async(
         self, handler: Handler | None = None, timeout: float | None = None
@@ -122,8 +126,7 @@ class KernelPool:
             self._cond.notify_all()
         for sandbox in doomed:
             sandbox.close()
-        self._workers.shutdown(wait=True)
-        # A start still running when we closed hands its sandbox to _started, which closes it.
+        self._workers.shutdown(wait=True)  # a start still running closes its own sandbox
 
     def __enter__(self) -> KernelPool:
         return self
@@ -150,26 +153,24 @@ class KernelPool:
             self._workers.submit(self._start_one)
 
     def _start_one(self) -> None:
+        sandbox: Sandbox | None = None
         try:
-            sandbox: Sandbox | None = Sandbox(**self.sandbox_kwargs)
-            error = None
+            sandbox = Sandbox(**self.sandbox_kwargs)
         except Exception as exc:  # reported to the next acquire()
-            sandbox, error = None, exc
             log.error("kernel pool: a sandbox failed to start: %s", exc)
+            with self._cond:
+                self._starting -= 1
+                self.stats["start_failures"] += 1
+                self._last_error = exc
+                self._cond.notify_all()
+            return
         with self._cond:
             self._starting -= 1
-            if error is not None:
-                self.stats["start_failures"] += 1
-                self._last_error = error
-            elif self._closed:
-                pass
-            else:
-                assert sandbox is not None
+            keep = not self._closed
+            if keep:
                 self.stats["started"] += 1
                 self._idle.append(sandbox)
-                sandbox = None
-                if error is None:
-                    self._refill_locked()
+                self._refill_locked()
             self._cond.notify_all()
-        if sandbox is not None:
+        if not keep:
             sandbox.close()
