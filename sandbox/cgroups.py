@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,22 +128,23 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-def find_cgroup_root(namespace: str) -> CgroupRoot | None:
-    """A writable place for sandbox cgroups under this process's own cgroup, or None."""
+def find_cgroup_root(namespace: str) -> tuple[CgroupRoot | None, str]:
+    """A writable place for sandbox cgroups under this process's own cgroup, or None and why."""
     own = _own_cgroup_paths()
     v1 = {c: CGROUP_MOUNT / c / own[c].lstrip("/") / namespace for c in CONTROLLERS if c in own}
     if len(v1) == len(CONTROLLERS) and all((CGROUP_MOUNT / c).is_dir() for c in CONTROLLERS):
         root = CgroupRoot(version=1, bases=v1)
-        if _can_create(root):
-            return root
+        error = _creation_error(root)
+        return (root, "") if error is None else (None, f"cgroup v1: {error}")
     if (CGROUP_MOUNT / "cgroup.controllers").exists() and "" in own:
         parent = CGROUP_MOUNT / own[""].lstrip("/")
         delegated = set((parent / "cgroup.subtree_control").read_text().split())
-        if set(CONTROLLERS) <= delegated:
-            root = CgroupRoot(version=2, bases={"all": parent / namespace})
-            if _can_create(root):
-                return root
-    return None
+        if not set(CONTROLLERS) <= delegated:
+            return None, f"cgroup v2: {parent} does not delegate {', '.join(CONTROLLERS)}"
+        root = CgroupRoot(version=2, bases={"all": parent / namespace})
+        error = _creation_error(root)
+        return (root, "") if error is None else (None, f"cgroup v2: {error}")
+    return None, f"no cgroup hierarchy with {', '.join(CONTROLLERS)} under {CGROUP_MOUNT}"
 
 
 def _own_cgroup_paths() -> dict[str, str]:
@@ -156,14 +158,16 @@ def _own_cgroup_paths() -> dict[str, str]:
     return paths
 
 
-def _can_create(root: CgroupRoot) -> bool:
-    probe = f"probe-{os.getpid()}"
+def _creation_error(root: CgroupRoot) -> str | None:
+    """Why a sandbox cgroup cannot be made under `root` (None if it can)."""
+    probe = f"probe-{os.getpid()}-{threading.get_ident()}"
     try:
         group = root.create(probe, max_processes=64, memory_mb=512, cpus=1.0)
-    except OSError:
-        return False
+    except OSError as exc:
+        Cgroup(root.version, tuple(base / probe for base in root.bases.values())).remove()
+        return f"{type(exc).__name__}: {exc}"
     group.remove()
-    return True
+    return None
 
 
 def _write(path: Path, value: object) -> None:

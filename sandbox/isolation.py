@@ -43,6 +43,7 @@ class Capabilities:
     setpriv: str | None
     cgroups: CgroupRoot | None
     is_root: bool
+    cgroup_problem: str = ""  # why cgroups are unusable, when they are
 
     @property
     def separate_uid(self) -> bool:
@@ -58,9 +59,10 @@ class Capabilities:
                 "read every file the kernel's user can (install it: apt-get install bubblewrap)"
             )
         if self.cgroups is None:
+            why = self.cgroup_problem or "not running as root"
             gaps.append(
-                "cgroups are not writable: no cap on the sandbox's total processes, memory and "
-                "CPU share; only per-process rlimits apply"
+                f"cgroups are not usable ({why}): no cap on the sandbox's total processes, "
+                "memory and CPU share; only per-process rlimits apply"
             )
         if self.prlimit is None:
             gaps.append("prlimit (util-linux) is missing: no rlimits on the kernel")
@@ -73,12 +75,14 @@ class Capabilities:
 def probe() -> Capabilities:
     """Find the isolation layers that work here (cached for the life of the process)."""
     is_root = os.geteuid() == 0
+    cgroups, cgroup_problem = find_cgroup_root(CGROUP_NAMESPACE) if is_root else (None, "")
     return Capabilities(
         bwrap=_working_bwrap(),
         prlimit=shutil.which("prlimit"),
         setpriv=shutil.which("setpriv") if is_root else None,
-        cgroups=find_cgroup_root(CGROUP_NAMESPACE) if is_root else None,
+        cgroups=cgroups,
         is_root=is_root,
+        cgroup_problem=cgroup_problem,
     )
 
 

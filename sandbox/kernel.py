@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import queue
+import secrets
 import tempfile
 import threading
 import time
@@ -96,7 +97,9 @@ class Sandbox:
         root = Path(root_dir) if root_dir is not None else default_root()
         reap_stale(root)
         self.number = next_sandbox_number()
-        self.directory = root / f"{os.getpid()}-{self.number}"
+        # pid + number is unique in this pid namespace; the suffix keeps other namespaces
+        # sharing the same root (containers) from colliding with us.
+        self.directory = root / f"{os.getpid()}-{self.number}-{secrets.token_hex(3)}"
         self.directory.mkdir(parents=True, exist_ok=False)
         self.directory.chmod(0o711)
         self.uid = allocate_uid(self.number) if self.caps.separate_uid else None

@@ -3,8 +3,9 @@
 Every live `Sandbox` is closed at interpreter exit. A host that was killed (SIGKILL, OOM, a
 power cut) cannot do that, so each sandbox directory records its owner (pid and start time) and
 its cgroups; the next process that makes a sandbox under the same root reaps the directories
-whose owner is gone: it kills what is left in their cgroups and deletes them. Teardown is
-idempotent and keyed by directory name, so reaping twice is harmless.
+whose owner is gone: it kills what is left in their cgroups and deletes them. Only sandboxes made in
+this pid namespace are judged (a pid means nothing across namespaces). Teardown is idempotent
+and keyed by directory name, so reaping twice is harmless.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import atexit
 import contextlib
 import json
 import logging
+import os
 import threading
 import weakref
 from pathlib import Path
@@ -50,7 +52,8 @@ def close_all() -> None:
 
 def write_owner(directory: Path, cgroup: Cgroup | None) -> None:
     """Record who owns a sandbox directory and which cgroups to empty when reaping it."""
-    owner: dict[str, Any] = {"pid": _own_pid(), "start": _start_time(_own_pid())}
+    pid = os.getpid()
+    owner: dict[str, Any] = {"pid": pid, "start": _start_time(pid), "pidns": _pid_namespace()}
     owner["cgroup"] = (
         None
         if cgroup is None
@@ -71,6 +74,8 @@ def reap_stale(root: Path) -> int:
             owner = json.loads((directory / "owner.json").read_text())
         except (OSError, ValueError):
             continue  # not ours, or still being created
+        if owner.get("pidns") != _pid_namespace():
+            continue  # another pid namespace's: its pid means nothing here
         if _start_time(owner["pid"]) == owner["start"]:
             continue  # its owner is alive
         if owner.get("cgroup"):
@@ -83,10 +88,12 @@ def reap_stale(root: Path) -> int:
     return reaped
 
 
-def _own_pid() -> int:
-    import os
-
-    return os.getpid()
+def _pid_namespace() -> str:
+    """Which pid namespace this process is in (pids are only comparable within one)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
 
 
 def _start_time(pid: int) -> str | None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +24,8 @@ from sandbox import (
     isolation_report,
     probe,
 )
-from tests.sandbox.conftest import EchoWorld
+from sandbox.reaper import reap_stale
+from tests.sandbox.conftest import EchoWorld, processes_of, wait_until
 
 # -- notebook semantics ---------------------------------------------------------------------
 
@@ -208,3 +212,25 @@ def test_this_machine_isolates_fully() -> None:
     report = isolation_report()
     assert report["missing"] == [], report["missing"]
     assert report["bwrap"] and report["cgroups"] and report["separate_uid"]
+
+
+def test_sandboxes_of_a_killed_host_are_reaped(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    script = (
+        "import sys, time\nfrom sandbox import Sandbox\n"
+        "sb = Sandbox(root_dir=sys.argv[1], strict=True)\n"
+        "print(sb.directory, sb.uid, *sb.cgroup.dirs, flush=True)\ntime.sleep(120)"
+    )
+    host = subprocess.Popen(
+        [sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    assert host.stdout is not None
+    directory, uid, *cgroup_dirs = host.stdout.readline().split()
+    host.kill()  # no atexit, no cleanup: what a crash or the OOM killer leaves behind
+    host.wait()
+    assert Path(directory).is_dir() and all(Path(d).is_dir() for d in cgroup_dirs)
+    assert wait_until(lambda: not processes_of(int(uid))), "kernel outlived its host"
+    assert reap_stale(root) == 1
+    assert not Path(directory).exists()
+    assert not any(Path(d).exists() for d in cgroup_dirs)
+    assert reap_stale(root) == 0  # once per root per process, and idempotent anyway
