@@ -1,0 +1,121 @@
+"""`AppTownEnv`: one AppTown task instance bound to one sandbox kernel.
+
+The environment is the sandbox's bridge handler: `apis.<app>.<api>(**kwargs)` in agent code
+arrives at `handle`, runs against this instance's private SQLite state, and is recorded in
+`api_calls`. Errors the agent caused (not logged in, unknown id, bad arguments) go back to agent
+code as `sandbox.ApiError` with status 401/404/422; anything else is an environment bug, which
+the sandbox records in `handler_errors` and `evaluate` raises as `EnvironmentFailureError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from sandbox import ApiError
+from tasks.apptown.api import AppError
+from tasks.apptown.server import AppServer
+from tasks.core import ApiCall, EnvironmentFailureError, SandboxLike, Task, TestReport
+
+if TYPE_CHECKING:
+    from tasks.apptown.suite import AppTownSuite
+
+
+class AppTownEnv:
+    """reset -> step/astep ... -> done -> evaluate, as in DESIGN.md section 4."""
+
+    def __init__(self, suite: AppTownSuite, task: Task, sandbox: SandboxLike):
+        self.suite = suite
+        self.task = task
+        self.sandbox = sandbox
+        self.api_calls: list[ApiCall] = []
+        self._server: AppServer | None = None
+        self._lock = threading.Lock()  # the bridge thread and evaluate never overlap on the db
+
+    def reset(self) -> str:
+        """Fork a fresh copy of the task's initial state, attach to the sandbox, return the
+        task context (who the user is, today's date, the instruction)."""
+        user = self.suite.user_of(self.task)
+        self._server = AppServer(
+            self.suite.initial_state(self.task).fork(), user.id, self.suite.world.now
+        )
+        self.api_calls = []
+        self.sandbox.set_handler(self.handle)
+        now = self.suite.world.now
+        return (
+            f"Today is {now:%A, %Y-%m-%d} and the time is {now:%H:%M}.\n"
+            f"My name is {user.name}. My personal email is {user.email} and my phone number "
+            f"is {user.phone_number}.\n"
+            f"Task: {self.task.instruction}"
+        )
+
+    @property
+    def server(self) -> AppServer:
+        assert self._server is not None, f"call reset() before using the env of {self.task.id}"
+        return self._server
+
+    @property
+    def done(self) -> bool:
+        """The agent called apis.supervisor.complete_task."""
+        return self._server is not None and self._server.ctx.completed
+
+    def handle(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
+        """The sandbox's bridge handler: run one API call and record it."""
+        start = time.perf_counter()
+        try:
+            with self._lock:
+                result = self.server.call(app, api, kwargs)
+        except AppError as e:
+            self._record(app, api, kwargs, start, f"{e.status}: {e.message}")
+            raise ApiError(e.message, status=e.status) from None
+        except Exception as e:
+            self._record(app, api, kwargs, start, f"internal error: {type(e).__name__}: {e}")
+            raise
+        self._record(app, api, kwargs, start, None)
+        return result
+
+    def _record(
+        self, app: str, api: str, kwargs: dict[str, Any], start: float, error: str | None
+    ) -> None:
+        self.api_calls.append(
+            ApiCall(app, api, dict(kwargs), error is None, error, time.perf_counter() - start)
+        )
+
+    def step(self, code: str) -> str:
+        """Run one cell in the kernel and return what the agent sees."""
+        self.server  # noqa: B018 - fail fast before running code against no state
+        return format_observation(self.sandbox.execute(code))
+
+    async def astep(self, code: str) -> str:
+        """`step` for asyncio rollouts."""
+        self.server  # noqa: B018
+        return format_observation(await self.sandbox.execute_async(code))
+
+    def evaluate(self) -> TestReport:
+        """Run the task's tests on the current state. Raises EnvironmentFailureError if the
+        environment itself failed during the rollout (its reward would be meaningless)."""
+        if self.sandbox.handler_errors:
+            raise EnvironmentFailureError(
+                f"{self.task.id}: the API handler failed: {self.sandbox.handler_errors}"
+            )
+        ctx = self.server.ctx
+        with self._lock:
+            return self.suite.grade(self.task, ctx.db, ctx.answer, ctx.completed)
+
+
+def format_observation(result: Any) -> str:
+    """AppWorld-style reply from a `sandbox.ExecutionResult`: the output, and a clear first line
+    when the cell failed, timed out or killed the kernel."""
+    output = result.output.rstrip()
+    if result.crashed:
+        head = (
+            "Execution failed: the Python kernel crashed and was restarted; all variables are lost."
+        )
+    elif result.timed_out:
+        head = "Execution failed: the cell ran past the time limit and was interrupted."
+    elif result.error is not None:
+        head = "Execution failed."
+    else:
+        return output or "Execution successful."
+    return f"{head}\n{output}" if output else head

@@ -1,0 +1,163 @@
+"""State-based tests: what changed between a task's initial and final state, and the checks a
+scenario makes on it (the requested change happened, nothing else changed, the answer is right).
+
+`Grader` collects `TestResult`s into a `TestReport`; the same report gives the training reward
+and what `evaluate.py` prints, so there is one scoring path.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.apptown.world import Snapshot
+from tasks.core import TestReport, TestResult
+
+_MAX_LISTED = 5  # changes quoted in a failure message
+
+
+@dataclass(frozen=True)
+class RowChange:
+    """One row that differs between the initial and final state."""
+
+    table: str
+    row_id: int
+    before: dict[str, Any] | None  # None: the row was added
+    after: dict[str, Any] | None  # None: the row was removed
+
+    def describe(self) -> str:
+        name = f"{self.table}#{self.row_id}"
+        if self.before is None:
+            return f"{name} added {self.after}"
+        if self.after is None:
+            return f"{name} removed {self.before}"
+        fields = [
+            f"{k}: {v!r} -> {self.after[k]!r}" for k, v in self.before.items() if self.after[k] != v
+        ]
+        return f"{name} updated ({', '.join(fields)})"
+
+
+class StateDiff:
+    """Every row change of a rollout, read from the `_changes` log the triggers keep."""
+
+    def __init__(self, changes: list[RowChange]):
+        self.changes = changes
+        self._by_table: dict[str, list[RowChange]] = defaultdict(list)
+        for c in changes:
+            self._by_table[c.table].append(c)
+
+    @classmethod
+    def compute(cls, initial: Snapshot, final: sqlite3.Connection) -> StateDiff:
+        """Diff only the rows the log names; a row changed and changed back is no change."""
+        touched: dict[str, set[int]] = defaultdict(set)
+        for row in final.execute("SELECT DISTINCT tbl, row_id FROM _changes"):
+            touched[row["tbl"]].add(row["row_id"])
+        changes = []
+        for table, ids in sorted(touched.items()):
+            marks = ", ".join("?" for _ in ids)
+            sql = f"SELECT * FROM {table} WHERE id IN ({marks})"
+            before = {r["id"]: r for r in initial.rows(sql, tuple(ids))}
+            after = {dict(r)["id"]: dict(r) for r in final.execute(sql, tuple(ids))}
+            for row_id in sorted(ids):
+                if before.get(row_id) != after.get(row_id):
+                    changes.append(RowChange(table, row_id, before.get(row_id), after.get(row_id)))
+        return cls(changes)
+
+    def added(self, table: str) -> list[dict[str, Any]]:
+        return [c.after for c in self._by_table[table] if c.before is None and c.after]
+
+    def removed(self, table: str) -> list[dict[str, Any]]:
+        return [c.before for c in self._by_table[table] if c.after is None and c.before]
+
+    def updated(self, table: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        return [(c.before, c.after) for c in self._by_table[table] if c.before and c.after]
+
+
+class Grader:
+    """Runs one task's checks on a final state and collects them into a `TestReport`."""
+
+    def __init__(
+        self,
+        task_id: str,
+        initial: Snapshot,
+        final: sqlite3.Connection,
+        answer: Any,
+        completed: bool,
+    ):
+        self.task_id = task_id
+        self.initial = initial
+        self.final = final
+        self.answer = answer
+        self.completed = completed
+        self.diff = StateDiff.compute(initial, final)
+        self.results: list[TestResult] = []
+
+    def before(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Query the initial state."""
+        return self.initial.rows(sql, params)
+
+    def after(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Query the final state."""
+        return [dict(r) for r in self.final.execute(sql, params)]
+
+    def check(self, name: str, requirement: str, passed: bool, failure: str) -> bool:
+        """Record one test; `failure` says what differed and is kept only when it failed."""
+        self.results.append(TestResult(name, requirement, passed, "" if passed else failure))
+        return passed
+
+    def check_answer(self, expected: Any, *, ordered: bool = False) -> bool:
+        """The answer given to complete_task equals `expected` (see `answers_match`)."""
+        requirement = f"The answer given to complete_task is {expected!r}"
+        if not self.completed:
+            return self.check("answer", requirement, False, "complete_task was never called")
+        ok = answers_match(self.answer, expected, ordered=ordered)
+        return self.check("answer", requirement, ok, f"the answer was {self.answer!r}")
+
+    def check_no_other_changes(self, allowed: Mapping[str, Iterable[int]] | None = None) -> bool:
+        """Nothing changed in any app except the rows in `allowed` (table -> row ids)."""
+        ok_ids = {(t, i) for t, ids in (allowed or {}).items() for i in ids}
+        extra = [c for c in self.diff.changes if (c.table, c.row_id) not in ok_ids]
+        listed = "; ".join(c.describe() for c in extra[:_MAX_LISTED])
+        more = f" (and {len(extra) - _MAX_LISTED} more)" if len(extra) > _MAX_LISTED else ""
+        return self.check(
+            "no_collateral_changes",
+            "No other record in any app was added, removed or changed",
+            not extra,
+            f"{len(extra)} unexpected change(s): {listed}{more}",
+        )
+
+    def report(self) -> TestReport:
+        return TestReport(self.task_id, tuple(self.results))
+
+
+def normalize(value: Any) -> Any:
+    """Answers compare case-insensitively, numbers to the cent ("$12.50" == 12.5)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):  # kept apart from 1 and 0; "True" matches True
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return round(float(value), 2)
+    if isinstance(value, str):
+        text = value.strip().strip(".").strip()
+        number = re.fullmatch(r"\$?\s*(-?[\d,]*\.?\d+)", text)
+        if number:
+            return round(float(number.group(1).replace(",", "")), 2)
+        return " ".join(text.lower().split())
+    if isinstance(value, list | tuple):
+        return [normalize(v) for v in value]
+    return value
+
+
+def answers_match(answer: Any, expected: Any, *, ordered: bool = False) -> bool:
+    """Whether `answer` equals `expected`; a list may come as a comma/newline separated string."""
+    if isinstance(expected, list) and isinstance(answer, str):
+        answer = [part for part in re.split(r"[,\n]", answer) if part.strip()]
+    got, want = normalize(answer), normalize(expected)
+    if isinstance(want, list) and isinstance(got, list) and not ordered:
+        return sorted(map(repr, got)) == sorted(map(repr, want))
+    return bool(got == want)

@@ -1,0 +1,182 @@
+"""What a scenario is: a task template with 3 variants, a setup, a gold and a wrong solution, and
+its state-based tests. Plus the helpers scenarios share.
+
+A scenario subclasses `Scenario` once (no deeper) and fills in five hooks:
+
+- `variants(world)`: three `Variant`s (different users, values and wording), chosen
+  deterministically from the world;
+- `setup(db, world, v)`: the rows this variant needs on top of the world (optional);
+- `gold(v)`: the solution, as code cells an agent would write, using only `apis`;
+- `wrong(v)`: a plausible wrong solution (what it gets wrong is `mistake`), which must fail;
+- `evaluate(g, v)`: the tests, computing the truth from the initial state, never from the
+  gold solution, and always ending with the collateral-damage check.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from tasks.apptown.grading import Grader
+from tasks.apptown.people import Person
+from tasks.apptown.world import World, insert_row
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant of a scenario: who the user is, what they ask, and the values involved."""
+
+    n: int  # 1, 2 or 3
+    user_id: int
+    instruction: str
+    params: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.params[key]
+
+
+class Scenario:
+    """Base of every scenario; subclasses set the class attributes and override the hooks."""
+
+    id: ClassVar[str]
+    difficulty: ClassVar[int]
+    apps: ClassVar[tuple[str, ...]]
+    split: ClassVar[str]
+    mistake: ClassVar[str]  # what `wrong` gets wrong, in a few words
+
+    def variants(self, world: World) -> list[Variant]:
+        raise NotImplementedError
+
+    def setup(self, db: sqlite3.Connection, world: World, v: Variant) -> None:
+        """Add what this variant needs to the world's state (default: nothing)."""
+
+    def gold(self, v: Variant) -> list[str]:
+        raise NotImplementedError
+
+    def wrong(self, v: Variant) -> list[str]:
+        raise NotImplementedError
+
+    def evaluate(self, g: Grader, v: Variant) -> None:
+        raise NotImplementedError
+
+    def rng(self, world: World) -> random.Random:
+        """This scenario's own random stream (seeding with a string is stable across runs)."""
+        return random.Random(f"{world.seed}/{self.id}")
+
+    def pick_users(self, world: World, candidates: list[int]) -> list[int]:
+        """Three distinct users from `candidates`, chosen by this scenario's random stream."""
+        assert len(candidates) >= 3, f"{self.id}: only {len(candidates)} candidate users"
+        return self.rng(world).sample(sorted(set(candidates)), 3)
+
+    def make_variants(
+        self, users: list[int], wordings: tuple[str, ...], params: list[dict[str, Any]]
+    ) -> list[Variant]:
+        """Variant n: user n, wording n formatted with params n."""
+        assert len(users) == len(wordings) == len(params) == 3, self.id
+        return [
+            Variant(n, user, wording.format(**p), p)
+            for n, (user, wording, p) in enumerate(zip(users, wordings, params, strict=True), 1)
+        ]
+
+
+_PRELUDE = '''profile = apis.supervisor.show_profile()
+passwords = {a["account_name"]: a["password"] for a in apis.supervisor.show_account_passwords()}
+
+
+def all_pages(api, **kwargs):
+    """Call a paginated API page by page until a page comes back short."""
+    items, page = [], 0
+    while True:
+        batch = api(page_index=page, page_limit=20, **kwargs)
+        items += batch
+        if len(batch) < 20:
+            return items
+        page += 1
+
+'''
+
+
+def login_cell(*apps: str) -> str:
+    """The first cell of a solution: read the profile and passwords, log in to `apps`."""
+    lines = [_PRELUDE]
+    for app in apps:
+        user = 'profile["phone_number"]' if app == "phone" else 'profile["email"]'
+        lines.append(f'apis.{app}.login(username={user}, password=passwords["{app}"])')
+    return "\n".join(lines)
+
+
+def contacts_with(g: Grader, user_id: int, label: str) -> list[dict[str, Any]]:
+    """The user's phone contacts that have relationship `label`, in the initial state."""
+    return g.before(
+        "SELECT * FROM phone_contacts WHERE owner_id = ? AND EXISTS "
+        "(SELECT 1 FROM json_each(relationships) WHERE value = ?) ORDER BY id",
+        (user_id, label),
+    )
+
+
+def people_with(world: World, user_id: int, label: str) -> list[Person]:
+    """Who is `label` to the user (as their phone contacts say, before any setup)."""
+    return [world.person(pid) for pid in world.society.related(user_id, label)]
+
+
+def relationships_of(world: World, user_id: int, other: int) -> list[str]:
+    rows = world.template.rows(
+        "SELECT c.relationships FROM phone_contacts c JOIN people p ON p.phone_number = "
+        "c.phone_number WHERE c.owner_id = ? AND p.id = ?",
+        (user_id, other),
+    )
+    return json.loads(rows[0]["relationships"]) if rows else []
+
+
+def add_email(
+    db: sqlite3.Connection,
+    sender: int,
+    recipient: int,
+    subject: str,
+    body: str,
+    sent_at: str,
+    *,
+    archived: bool = False,
+    attachments: tuple[tuple[str, str], ...] = (),
+) -> int:
+    """Deliver an email (a thread of its own) with optional (file_name, content) attachments."""
+    email_id = insert_row(
+        db,
+        "email_emails",
+        thread_id=0,
+        sender_id=sender,
+        subject=subject,
+        body=body,
+        sent_at=sent_at,
+    )
+    db.execute("UPDATE email_emails SET thread_id = ? WHERE id = ?", (email_id, email_id))
+    insert_row(
+        db,
+        "email_recipients",
+        email_id=email_id,
+        person_id=recipient,
+        is_starred=0,
+        is_archived=int(archived),
+    )
+    for file_name, text in attachments:
+        insert_row(db, "email_attachments", email_id=email_id, file_name=file_name, content=text)
+    return email_id
+
+
+def days_ago(world: World, days: float) -> str:
+    """An ISO timestamp `days` before the world's clock."""
+    return (world.now - timedelta(days=days)).isoformat(timespec="seconds")
+
+
+def ids(rows: list[dict[str, Any]]) -> list[int]:
+    return [r["id"] for r in rows]
+
+
+def names(rows: list[dict[str, Any]]) -> str:
+    """Readable names of people or contact rows, for failure messages."""
+    return ", ".join(f"{r['first_name']} {r['last_name']}" for r in rows) or "nobody"

@@ -1,0 +1,45 @@
+"""The AppTown request handler: validates a call, checks the login, runs it in a transaction.
+
+`AppServer.call(app, api, kwargs)` is what the sandbox's `apis.<app>.<api>(**kwargs)` reaches
+(through `AppTownEnv`). Each call is atomic: an API that fails half way leaves no trace.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from tasks.apptown.api import AppError, Context
+from tasks.apptown.apps import APPS
+
+
+class AppServer:
+    """Serves every app of one task instance, on that instance's private database."""
+
+    def __init__(self, db: sqlite3.Connection, user_id: int, now: datetime):
+        self.ctx = Context(db=db, user_id=user_id, now=now, apps=APPS)
+
+    def call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
+        """Run `app.api(**kwargs)` for the user; raise `AppError` for what the agent should see."""
+        if app not in APPS:
+            raise AppError(404, f"No app named {app!r}. The apps are {sorted(APPS)}.")
+        spec = APPS[app].apis.get(api)
+        if spec is None:
+            raise AppError(
+                404,
+                f"No API named {api!r} in {app}; see "
+                f"apis.api_docs.show_api_descriptions(app_name={app!r}).",
+            )
+        args = spec.bind(kwargs)
+        if spec.needs_login and app not in self.ctx.logged_in:
+            raise AppError(401, f"You are not logged in to {app}; call apis.{app}.login first.")
+        db = self.ctx.db
+        db.execute("BEGIN")
+        try:
+            result = spec.fn(self.ctx, **args)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return result

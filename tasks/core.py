@@ -1,0 +1,164 @@
+"""The contracts every task suite honours: tasks, test reports, recorded API calls, environments.
+
+`loop/` and `evaluate.py` see suites only through these names (DESIGN.md section 4). A suite's
+`Environment` is the bridge handler of one sandbox: agent code reaches the suite's world only
+through `apis.<app>.<api>(...)`, and every such call is recorded as an `ApiCall`.
+
+The reward and the evaluation report come from the same `TestReport` (STYLE.md habit 7):
+`reward` is the fraction of tests passed, `success` is whether all passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+SPLITS: tuple[str, ...] = ("train", "dev", "test_normal", "test_challenge")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance: variant `variant` of scenario `scenario_id`.
+
+    Holds no ground truth, so it can be logged and shown to anyone.
+    """
+
+    id: str  # "<scenario_id>_<variant>"
+    scenario_id: str
+    variant: int
+    difficulty: int  # 1 (one app, a few calls) .. 3 (several apps, long interaction)
+    instruction: str
+    apps: tuple[str, ...]  # the user apps the task needs (supervisor and api_docs not listed)
+    split: str
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """The outcome of one state-based test: what was required, and on failure what differed."""
+
+    __test__ = False  # not a pytest class
+
+    name: str
+    requirement: str
+    passed: bool
+    message: str = ""  # empty when passed
+
+
+@dataclass(frozen=True)
+class TestReport:
+    """All tests of one task on one final state; the single source of reward and success."""
+
+    __test__ = False
+
+    task_id: str
+    tests: tuple[TestResult, ...]
+
+    @property
+    def num_passed(self) -> int:
+        return sum(t.passed for t in self.tests)
+
+    @property
+    def reward(self) -> float:
+        """Fraction of tests passed, in [0, 1] (the training reward)."""
+        assert self.tests, f"task {self.task_id} has no tests"
+        return self.num_passed / len(self.tests)
+
+    @property
+    def success(self) -> bool:
+        """All tests passed (what TGC counts)."""
+        return self.num_passed == len(self.tests)
+
+    def summary(self) -> str:
+        """A readable multi-line report: one line per test, with the failure message."""
+        lines = [f"{self.task_id}: {self.num_passed}/{len(self.tests)} tests passed"]
+        for t in self.tests:
+            mark = "PASS" if t.passed else "FAIL"
+            lines.append(f"  [{mark}] {t.name}: {t.requirement}")
+            if not t.passed:
+                lines.append(f"         {t.message}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible form for rollout files."""
+        return {
+            "task_id": self.task_id,
+            "reward": self.reward,
+            "success": self.success,
+            "tests": [vars(t) for t in self.tests],
+        }
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One call that agent code made through `apis`, as the environment saw it."""
+
+    app: str
+    api: str
+    arguments: dict[str, Any]
+    ok: bool
+    error: str | None  # "<status>: <message>" of the error the agent saw, else None
+    latency_s: float  # time spent in the environment's handler (not the bridge)
+
+
+class EnvironmentFailureError(RuntimeError):
+    """The environment itself broke (a handler bug, an inconsistent state): not the agent's fault.
+
+    The trainer must count such a rollout as failed infrastructure and keep it out of advantages,
+    never score it as 0.0 (STYLE.md habit 8).
+    """
+
+
+class SandboxLike(Protocol):
+    """The part of `sandbox.Sandbox` an environment uses (see sandbox/ for the real one)."""
+
+    handler_errors: list[str]
+
+    def set_handler(self, handler: Callable[[str, str, dict[str, Any]], Any]) -> None: ...
+
+    def execute(self, code: str, timeout: float | None = None) -> Any: ...
+
+    def execute_async(self, code: str, timeout: float | None = None) -> Awaitable[Any]: ...
+
+
+class Environment(Protocol):
+    """One task instance bound to one sandbox (DESIGN.md section 4)."""
+
+    task: Task
+    api_calls: list[ApiCall]
+
+    def reset(self) -> str:
+        """Fork a fresh state and return the task context for the prompt."""
+        ...
+
+    def step(self, code: str) -> str:
+        """Run one cell of agent code and return the observation."""
+        ...
+
+    async def astep(self, code: str) -> str:
+        """`step` for asyncio rollouts."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """The agent called `apis.supervisor.complete_task`."""
+        ...
+
+    def evaluate(self) -> TestReport:
+        """Run the task's tests on the current state."""
+        ...
+
+
+class TaskSuite(Protocol):
+    """A named collection of tasks with splits, and the factory of their environments."""
+
+    name: str
+
+    @property
+    def splits(self) -> dict[str, list[Task]]: ...
+
+    def tasks(self, split: str) -> list[Task]: ...
+
+    def task(self, task_id: str) -> Task: ...
+
+    def make_env(self, task: Task, sandbox: SandboxLike) -> Environment: ...

@@ -1,0 +1,85 @@
+"""State diffs, the collateral-damage check, answer matching and the TestReport.
+
+Run: python -m pytest tests/tasks/test_apptown_grading.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.apptown import AppTownSuite
+from tasks.apptown.grading import Grader, StateDiff, answers_match
+from tasks.apptown.world import World
+from tasks.core import TestReport, TestResult
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.build(seed=0)
+
+
+def test_diff_sees_added_updated_and_removed_rows(world: World) -> None:
+    db = world.template.fork()
+    db.execute("UPDATE todo_items SET title = 'changed' WHERE id = 1")
+    db.execute("DELETE FROM files_files WHERE id = 2")
+    db.execute("INSERT INTO music_likes (person_id, song_id, created_at) VALUES (1, 1, 'now')")
+    db.execute("UPDATE todo_items SET priority = priority WHERE id = 3")  # no real change
+    diff = StateDiff.compute(world.template, db)
+    assert [(c.table, c.row_id) for c in diff.changes] == [
+        ("files_files", 2),
+        ("music_likes", diff.added("music_likes")[0]["id"]),
+        ("todo_items", 1),
+    ]
+    assert diff.updated("todo_items")[0][1]["title"] == "changed"
+    assert diff.removed("files_files")[0]["id"] == 2
+
+
+def test_collateral_check_names_what_changed(world: World) -> None:
+    db = world.template.fork()
+    db.execute("UPDATE payments_accounts SET balance = 0 WHERE id = 7")
+    grader = Grader("t_1", world.template, db, None, False)
+    assert not grader.check_no_other_changes()
+    message = grader.results[-1].message
+    assert "payments_accounts#7 updated (balance:" in message and "-> 0" in message
+    grader = Grader("t_1", world.template, db, None, False)
+    assert grader.check_no_other_changes({"payments_accounts": [7]})
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected", "ok"),
+    [
+        (12.5, "12.50", True),
+        ("$1,234.50", 1234.5, True),
+        ("12", 12, True),
+        (12.004, 12, True),
+        (13, 12, False),
+        (" Northern Windows. ", "northern windows", True),
+        ("Northern", "North", False),
+        (["b", "a"], ["a", "b"], True),
+        ("a, b", ["b", "a"], True),
+        (None, 0, False),
+        (True, 1, False),
+    ],
+)
+def test_answers_match(answer: object, expected: object, ok: bool) -> None:
+    assert answers_match(answer, expected) is ok
+
+
+def test_answers_match_ordered_lists() -> None:
+    assert answers_match(["b", "a"], ["a", "b"], ordered=True) is False
+
+
+def test_report_reward_and_success() -> None:
+    report = TestReport("x_1", (TestResult("a", "A", True), TestResult("b", "B", False, "diff")))
+    assert report.reward == 0.5 and not report.success
+    assert "[FAIL] b: B" in report.summary() and "diff" in report.summary()
+    assert report.to_dict()["tests"][1]["message"] == "diff"
+
+
+def test_unanswered_question_fails_with_a_reason(suite: AppTownSuite) -> None:
+    task = suite.task("payments_balance_1")
+    db = suite.initial_state(task).fork()
+    report = suite.grade(task, db, None, False)
+    answer = report.tests[0]
+    assert not answer.passed and answer.message == "complete_task was never called"
+    assert report.reward == 0.5

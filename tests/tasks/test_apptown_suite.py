@@ -1,0 +1,107 @@
+"""The AppTown task suite: its shape (scenarios, variants, splits, difficulty), the registry,
+import hygiene, and that every gold solution passes and every wrong one fails (in process; the
+same check through the real sandbox is in test_apptown_sandbox.py).
+
+Run: python -m pytest tests/tasks/test_apptown_suite.py -q
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tasks import SPLITS, get_suite
+from tasks.apptown import AppTownSuite
+from tasks.apptown.inprocess import run_in_process
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_at_least_30_scenarios_of_3_variants(suite: AppTownSuite) -> None:
+    tasks = [t for split in SPLITS for t in suite.tasks(split)]
+    per_scenario = Counter(t.scenario_id for t in tasks)
+    assert len(per_scenario) >= 30
+    assert set(per_scenario.values()) == {3}
+    for t in tasks:
+        assert t.id == f"{t.scenario_id}_{t.variant}" and t.difficulty in (1, 2, 3), t
+    instructions = [t.instruction for t in tasks]
+    assert len(set(instructions)) == len(instructions), "variants must differ in wording/values"
+
+
+def test_splits_and_difficulty_bands(suite: AppTownSuite) -> None:
+    assert all(suite.tasks(split) for split in SPLITS)
+    scenarios = {s: {t.scenario_id for t in suite.tasks(s)} for s in SPLITS}
+    for a in SPLITS:
+        for b in SPLITS:
+            assert a == b or not scenarios[a] & scenarios[b], (a, b)
+    easy = [t for t in suite.tasks("train") if t.difficulty == 1]
+    assert len(easy) >= 12, "the easy band a small model can learn from"
+
+
+def test_challenge_scenarios_use_an_app_no_train_scenario_uses(suite: AppTownSuite) -> None:
+    train_apps = {app for t in suite.tasks("train") for app in t.apps}
+    for t in suite.tasks("test_challenge"):
+        assert set(t.apps) - train_apps, f"{t.id} uses only train apps {t.apps}"
+
+
+def test_registry_selects_apptown() -> None:
+    built = get_suite("apptown")
+    assert built.name == "apptown" and len(built.tasks("dev")) == 18
+    with pytest.raises(KeyError, match="unknown task suite"):
+        get_suite("nope")
+
+
+def test_same_seed_same_tasks(suite: AppTownSuite) -> None:
+    again = AppTownSuite(seed=0)
+    assert [t.instruction for t in again.tasks("train")] == [
+        t.instruction for t in suite.tasks("train")
+    ]
+    task = suite.tasks("train")[0]
+    assert (
+        again.initial_state(task).fork().serialize() == suite.initial_state(task).fork().serialize()
+    )
+
+
+def test_every_gold_passes_and_every_wrong_fails_in_process(suite: AppTownSuite) -> None:
+    problems = []
+    for split in SPLITS:
+        for task in suite.tasks(split):
+            gold = run_in_process(suite, task, suite.gold_solution(task))
+            if not gold.report.success or gold.errors:
+                problems.append(f"gold {gold.report.summary()} {gold.errors}")
+            wrong = run_in_process(suite, task, suite.wrong_solution(task))
+            if wrong.report.success:
+                problems.append(f"wrong solution of {task.id} passes")
+    assert not problems, "\n".join(problems)
+
+
+def test_a_no_op_fails_the_task_and_keeps_the_collateral_check(suite: AppTownSuite) -> None:
+    for task in suite.tasks("train"):
+        report = run_in_process(suite, task, []).report
+        assert not report.success, task.id
+        assert report.tests[-1].name == "no_collateral_changes" and report.tests[-1].passed
+
+
+def test_gold_solutions_use_only_apis() -> None:
+    suite = AppTownSuite()
+    forbidden = re.compile(r"\b(open|exec|eval|__import__|sqlite3|suite|os\.)\b")
+    for split in SPLITS:
+        for task in suite.tasks(split):
+            for cell in suite.gold_solution(task):
+                assert not forbidden.search(cell), (task.id, cell)
+
+
+def test_tasks_import_neither_torch_nor_loop() -> None:
+    code = (
+        "import sys, tasks, tasks.apptown, tasks.apptown.env, tasks.apptown.inprocess;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'loop')];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    for path in (ROOT / "tasks").rglob("*.py"):
+        assert not re.search(r"^\s*(from|import) loop\b", path.read_text(), re.M), path

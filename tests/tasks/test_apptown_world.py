@@ -1,0 +1,187 @@
+"""The AppTown world and its apps: determinism, fast forks, logins, errors, pagination, docs.
+
+Run: python -m pytest tests/tasks/test_apptown_world.py -q
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tasks.apptown.api import MAX_PAGE_LIMIT, AppError
+from tasks.apptown.apps import APPS
+from tasks.apptown.people import RELATIONSHIPS
+from tasks.apptown.server import AppServer
+from tasks.apptown.world import USER_APPS, World
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.build(seed=0)
+
+
+def _server(world: World, user_id: int = 5, login: tuple[str, ...] = USER_APPS) -> AppServer:
+    server = AppServer(world.template.fork(), user_id, world.now)
+    person = world.person(user_id)
+    passwords = {
+        a["account_name"]: a["password"]
+        for a in server.call("supervisor", "show_account_passwords", {})
+    }
+    for app in login:
+        username = person.phone_number if app == "phone" else person.email
+        server.call(app, "login", {"username": username, "password": passwords[app]})
+    return server
+
+
+def _error(server: AppServer, app: str, api: str, kwargs: dict[str, Any]) -> AppError:
+    with pytest.raises(AppError) as info:
+        server.call(app, api, kwargs)
+    return info.value
+
+
+def test_same_seed_same_world_and_different_seed_different_world(world: World) -> None:
+    again = World.build(seed=0)
+    assert world.template.fork().serialize() == again.template.fork().serialize()
+    assert World.build(seed=1).template.fork().serialize() != again.template.fork().serialize()
+
+
+def test_society_is_big_enough_and_uses_every_relationship(world: World) -> None:
+    people = world.society.people
+    assert len(people) >= 60
+    assert len({p.email for p in people}) == len({p.phone_number for p in people}) == len(people)
+    labels = {label for labels in world.society.relations.values() for label in labels}
+    assert labels == set(RELATIONSHIPS)
+    for app_table in (
+        "phone_contacts",
+        "payments_transactions",
+        "music_library",
+        "email_recipients",
+        "files_files",
+        "todo_lists",
+    ):
+        owner = (
+            "owner_id"
+            if app_table in ("phone_contacts", "files_files", "todo_lists")
+            else ("sender_id" if app_table == "payments_transactions" else "person_id")
+        )
+        with_data = world.template.rows(f"SELECT DISTINCT {owner} AS p FROM {app_table}")
+        assert len(with_data) == len(people), f"someone has no data in {app_table}"
+
+
+def test_fork_is_byte_identical_private_and_fast(world: World) -> None:
+    first, second = world.template.fork(), world.template.fork()
+    assert first.serialize() == second.serialize()
+    first.execute("DELETE FROM phone_contacts")
+    assert second.execute("SELECT count(*) FROM phone_contacts").fetchone()[0] > 0
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        world.template.fork()
+        times.append(time.perf_counter() - start)
+    assert sorted(times)[10] < 0.005, f"median fork took {sorted(times)[10] * 1e3:.2f} ms"
+
+
+def test_six_user_apps_plus_supervisor_and_api_docs() -> None:
+    assert set(USER_APPS) <= set(APPS) and len(USER_APPS) >= 6
+    assert {"supervisor", "api_docs"} <= set(APPS)
+    for app in USER_APPS:
+        assert "login" in APPS[app].apis, app
+
+
+def test_login_needs_the_supervisors_password(world: World) -> None:
+    server = _server(world, login=())
+    error = _error(server, "phone", "search_contacts", {})
+    assert (error.status, error.message) == (
+        401,
+        "You are not logged in to phone; call apis.phone.login first.",
+    )
+    person = world.person(5)
+    error = _error(
+        server, "phone", "login", {"username": person.phone_number, "password": "dummy_pass"}
+    )
+    assert error.status == 401 and "Invalid username or password" in error.message
+
+
+def test_bad_arguments_are_422_with_a_message(world: World) -> None:
+    server = _server(world)
+    unknown = _error(server, "phone", "search_contacts", {"name": "x"})
+    assert unknown.status == 422 and "unexpected argument(s) ['name']" in unknown.message
+    too_big = _error(server, "phone", "search_contacts", {"page_limit": MAX_PAGE_LIMIT + 1})
+    assert too_big.status == 422 and f"must be <= {MAX_PAGE_LIMIT}" in too_big.message
+    wrong_type = _error(server, "music", "like_song", {"song_id": "7"})
+    assert wrong_type.status == 422 and "must be integer" in wrong_type.message
+    missing = _error(server, "payments", "send_money", {"amount": 5.0})
+    assert missing.status == 422 and "missing argument 'receiver_email'" in missing.message
+    choice = _error(server, "phone", "search_contacts", {"relationship": "cousin"})
+    assert choice.status == 422 and "must be one of" in choice.message
+
+
+def test_unknown_ids_apps_and_apis_are_404(world: World) -> None:
+    server = _server(world)
+    assert _error(server, "music", "show_song", {"song_id": 10**6}).status == 404
+    assert _error(server, "phone", "show_contact", {"contact_id": 1}).status == 404  # not yours
+    assert _error(server, "venmo", "login", {}).status == 404
+    assert "show_api_descriptions" in _error(server, "phone", "fly", {}).message
+
+
+def test_pagination_returns_disjoint_pages_that_cover_everything(world: World) -> None:
+    server = _server(world)
+    everything = server.call("phone", "search_contacts", {"page_limit": MAX_PAGE_LIMIT})
+    assert len(server.call("phone", "search_contacts", {})) == 5  # the default page
+    pages, index = [], 0
+    while batch := server.call("phone", "search_contacts", {"page_index": index, "page_limit": 3}):
+        pages += batch
+        index += 1
+    assert [c["contact_id"] for c in pages][: len(everything)] == [
+        c["contact_id"] for c in everything
+    ]
+    assert len({c["contact_id"] for c in pages}) == len(pages)
+
+
+def test_a_failing_call_leaves_no_trace(world: World) -> None:
+    server = _server(world)
+    before = server.ctx.db.serialize()
+    error = _error(
+        server,
+        "payments",
+        "send_money",
+        {"receiver_email": world.person(6).email, "amount": 9999.0, "description": "x"},
+    )
+    assert error.status == 422 and "Insufficient balance" in error.message
+    assert server.ctx.db.serialize() == before
+
+
+def test_reads_change_nothing(world: World) -> None:
+    server = _server(world)
+    before = server.ctx.db.serialize()
+    for app, api in (
+        ("phone", "show_text_messages"),
+        ("payments", "show_social_feed"),
+        ("music", "show_playlists"),
+        ("email", "show_inbox"),
+        ("files", "list_directory"),
+        ("todo", "show_lists"),
+    ):
+        server.call(app, api, {})
+    assert server.ctx.db.serialize() == before
+
+
+def test_api_docs_are_generated_from_the_definitions(world: World) -> None:
+    server = _server(world, login=())
+    apps = server.call("api_docs", "show_app_descriptions", {})
+    assert [a["name"] for a in apps] == list(APPS)
+    for name, app in APPS.items():
+        listed = server.call("api_docs", "show_api_descriptions", {"app_name": name})
+        assert [a["name"] for a in listed] == list(app.apis)
+        for api in app.apis.values():
+            doc = server.call("api_docs", "show_api_doc", {"app_name": name, "api_name": api.name})
+            assert doc["description"] and doc["response_schemas"]["success"]
+            assert [p["name"] for p in doc["parameters"]] == [p.name for p in api.params]
+    doc = server.call(
+        "api_docs", "show_api_doc", {"app_name": "phone", "api_name": "search_contacts"}
+    )
+    limit = next(p for p in doc["parameters"] if p["name"] == "page_limit")
+    assert (limit["type"], limit["default"], limit["maximum"]) == ("integer", 5, MAX_PAGE_LIMIT)
+    assert doc["response_schemas"]["success"][0]["relationships"] == ["string"]
