@@ -215,27 +215,23 @@ class Sandbox:
         if state == "timeout":
             timed_out = True
             kernel.interrupt()
-            state = _collect(
-                kernel, msg_id, out, deadline=time.monotonic() + self.interrupt_grace_s
-            )
+            grace_end = time.monotonic() + self.interrupt_grace_s
+            state = _collect(kernel, msg_id, out, deadline=grace_end)
+            # Ours, not the KeyboardInterrupt the interrupt raised in the cell:
+            out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
             if state == "idle":
-                out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
                 out.note(f"cell interrupted: it exceeded its {timeout:g} s time limit")
-            else:
+            elif state == "timeout":  # it ignored the interrupt
                 self._replace_kernel("it ignored an interrupt")
-                out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
                 out.note(
                     f"cell exceeded its {timeout:g} s time limit and did not stop when "
                     "interrupted: the kernel was restarted and all variables are lost"
                 )
-        if state == "dead":
+        if state == "dead":  # during the cell or while being interrupted; replaced next call
             crashed = True
             reason = kernel.exit_reason()
             out.error = f"KernelDied: the kernel {reason}"
-            out.note(
-                f"the kernel {reason}; a new kernel will run the next cell and all "
-                "variables are lost"
-            )
+            out.note(f"the kernel {reason}; a new kernel will run the next cell")
             self._lost_state_note = "this cell ran in a new kernel: earlier variables are gone"
         elif state == "idle":
             _drain_reply(kernel, msg_id)

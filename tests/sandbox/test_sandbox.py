@@ -234,3 +234,12 @@ def test_sandboxes_of_a_killed_host_are_reaped(tmp_path: Path) -> None:
     assert not Path(directory).exists()
     assert not any(Path(d).exists() for d in cgroup_dirs)
     assert reap_stale(root) == 0  # once per root per process, and idempotent anyway
+
+
+def test_a_kernel_that_dies_while_interrupted_is_both_timed_out_and_crashed(sb: Sandbox) -> None:
+    code = "import os\ntry:\n    while True: pass\nexcept KeyboardInterrupt:\n    os._exit(7)"
+    result = sb.execute(code, timeout=1)
+    assert result.timed_out and result.crashed
+    assert result.error == "KernelDied: the kernel exited with status 7"
+    after = sb.execute("'next'")
+    assert after.output.startswith("'next'\n") and "earlier variables are gone" in after.output
