@@ -237,7 +237,7 @@ def test_sandboxes_of_a_killed_host_are_reaped(tmp_path: Path) -> None:
 
 
 def test_a_kernel_that_dies_while_interrupted_is_both_timed_out_and_crashed(sb: Sandbox) -> None:
-    code = "import os\ntry:\n    while True: pass\nexcept KeyboardInterrupt:\n    os._exit(7)"
+    code = "import os, time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    os._exit(7)"
     result = sb.execute(code, timeout=1)
     assert result.timed_out and result.crashed
     assert result.error == "KernelDied: the kernel exited with status 7"
