@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +160,7 @@ def _own_cgroup_paths() -> dict[str, str]:
 
 def _creation_error(root: CgroupRoot) -> str | None:
     """Why a sandbox cgroup cannot be made under `root` (None if it can)."""
-    probe = f"probe-{os.getpid()}-{threading.get_ident()}"
+    probe = f"probe-{os.getpid()}-{secrets.token_hex(4)}"  # unique across pid namespaces
     try:
         group = root.create(probe, max_processes=64, memory_mb=512, cpus=1.0)
     except OSError as exc:
