@@ -1,0 +1,6 @@
+"""Generation backends: `hf` (the training model itself), `vllm` (in-process engine) and
+`openai` (any OpenAI-compatible endpoint), behind one async interface (`base.Generator`)."""
+
+from loop.generators.base import FinishReason, Generation, Generator, GeneratorError, SamplingParams
+
+__all__ = ["FinishReason", "Generation", "Generator", "GeneratorError", "SamplingParams"]

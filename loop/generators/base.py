@@ -1,0 +1,77 @@
+"""The one interface every generation backend honours: token ids in, sampled ids and log-probs out.
+
+Token in, token out: a generator never sees text it must re-tokenise. It receives the exact
+prompt token ids of a trajectory prefix and returns the ids it sampled, exactly as sampled
+(the stop token included when one was sampled), with the log-probability of each sampled id
+under the sampling distribution (temperature applied). Many rollouts call `generate`
+concurrently; a backend batches those calls as it sees fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # any of these ends the turn (it is kept as sampled)
+    seed: int | None = None  # per-request seed where the backend supports it
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"bad temperature/top_p: {self.temperature}, {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a backend sampled for one prompt."""
+
+    token_ids: list[int]  # as sampled; ends with the stop token when finish_reason == "stop"
+    logprobs: list[float] | None  # one per token_ids entry; None where the backend gives none
+    finish_reason: FinishReason
+    text: str | None = None  # decoded text, where the backend gives it (openai)
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+class GeneratorError(RuntimeError):
+    """A backend failed to generate (the rollout ends with status `generator_error`)."""
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """An async, batched token-level sampler."""
+
+    name: str
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        messages: list[dict[str, str]] | None = None,
+    ) -> Generation:
+        """Sample one continuation of `prompt_token_ids`.
+
+        `messages` is the same prefix as chat messages, for backends that only take chat
+        (a hosted OpenAI-compatible model); token-level backends ignore it.
+        """
+        ...
+
+    def load_adapter(self, path: Path | None) -> None:
+        """Sample from the base weights plus this LoRA adapter from now on (None: base only)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the backend's resources."""
+        ...
