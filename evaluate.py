@@ -1,16 +1,16 @@
 """Evaluate an agent on a split of tasks.
 
-    python evaluate.py --config configs/<name>.yaml --split dev [--checkpoint DIR]
+    python evaluate.py --config configs/quickstart.yaml --split dev [--checkpoint DIR]
+                       [--limit N] [--rollouts-per-task K] [key=value ...]
 
-Thin by design: parse the command line, load the config, build, run. Evaluation itself
-(`loop.evaluation`) is not part of this version yet; until it is, this command checks its
-arguments and says so instead of pretending to evaluate.
+Thin by design: parse, load the config, hand over to `loop.evaluation.evaluate`. Results go to
+`<output_dir>/<name>/eval/<split>/` (rollouts.jsonl, metrics.json, config.yaml).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import logging
 import sys
 from pathlib import Path
 
@@ -19,25 +19,38 @@ SPLITS = ("train", "dev", "test_normal", "test_challenge")
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, run; returns the exit status."""
-    parser = argparse.ArgumentParser(description="Evaluate an agent on a task split.")
+    parser = argparse.ArgumentParser(description="Evaluate an agent on a split of tasks.")
     parser.add_argument("--config", required=True, type=Path, help="YAML run configuration")
-    parser.add_argument("--split", required=True, choices=SPLITS, help="which tasks to run")
-    parser.add_argument("--checkpoint", type=Path, help="checkpoint directory to load")
+    parser.add_argument("--split", choices=SPLITS, help="which tasks (default: eval.split)")
+    parser.add_argument("--checkpoint", type=Path, help="a LoRA adapter directory to load")
+    parser.add_argument("--limit", type=int, help="only the first N tasks of the split")
+    parser.add_argument("--rollouts-per-task", type=int, help="K rollouts per task (pass@k)")
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
-    if not args.config.is_file():
-        parser.error(f"config file not found: {args.config}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from loop.config import ConfigError, load_config
+    from loop.evaluation import evaluate
+
+    overrides = list(args.overrides)
+    for key, value in (("eval.split", args.split), ("eval.limit", args.limit),
+                       ("eval.rollouts_per_task", args.rollouts_per_task)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.checkpoint is not None and not args.checkpoint.is_dir():
         parser.error(f"checkpoint directory not found: {args.checkpoint}")
-    if importlib.util.find_spec("loop.evaluation") is None:
-        print(
-            "evaluate.py: evaluation (loop.evaluation) is not available in this version",
-            file=sys.stderr,
-        )
-        return 2
-    from loop.evaluation import main as evaluate_main  # type: ignore[import-not-found]
-
-    return int(evaluate_main(args.config, args.split, args.checkpoint, args.overrides))
+    try:
+        evaluate(config, args.checkpoint)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    except KeyboardInterrupt:
+        print("evaluate.py: interrupted; finished rollouts are in rollouts.jsonl", file=sys.stderr)
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

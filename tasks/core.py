@@ -126,6 +126,7 @@ class Environment(Protocol):
 
     task: Task
     api_calls: list[ApiCall]
+    last_result: Any  # the sandbox's ExecutionResult of the latest step (None before one)
 
     def reset(self) -> str:
         """Fork a fresh state and return the task context for the prompt."""

@@ -30,6 +30,7 @@ class AppTownEnv:
         self.task = task
         self.sandbox = sandbox
         self.api_calls: list[ApiCall] = []
+        self.last_result: Any = None  # the ExecutionResult of the latest step
         self._server: AppServer | None = None
         self._lock = threading.Lock()  # the bridge thread and evaluate never overlap on the db
 
@@ -41,6 +42,7 @@ class AppTownEnv:
             self.suite.initial_state(self.task).fork(), user.id, self.suite.world.now
         )
         self.api_calls = []
+        self.last_result = None
         self.sandbox.set_handler(self.handle)
         now = self.suite.world.now
         return (
@@ -85,12 +87,14 @@ class AppTownEnv:
     def step(self, code: str) -> str:
         """Run one cell in the kernel and return what the agent sees."""
         self.server  # noqa: B018 - fail fast before running code against no state
-        return format_observation(self.sandbox.execute(code))
+        self.last_result = self.sandbox.execute(code)
+        return format_observation(self.last_result)
 
     async def astep(self, code: str) -> str:
         """`step` for asyncio rollouts."""
         self.server  # noqa: B018
-        return format_observation(await self.sandbox.execute_async(code))
+        self.last_result = await self.sandbox.execute_async(code)
+        return format_observation(self.last_result)
 
     def evaluate(self) -> TestReport:
         """Run the task's tests on the current state. Raises EnvironmentFailureError if the

@@ -1,0 +1,191 @@
+"""The ReAct episode, token in and token out: one task, one environment, one generator.
+
+Each turn: generate from the exact ids so far; keep the sampled ids as sampled (`is_output`);
+extract the code (every complete ```python/```py block, joined into one cell; an unterminated
+last block still counts); run it; append the chat-template glue and the observation as
+environment tokens. Nothing is ever re-tokenised: the prompt of turn k is `tokens[:len]`.
+
+The glue is read off the tokenizer's own chat template (`ChatGlue`). Observation text is
+tokenised with special tokens split, so agent output that prints "<|im_end|>" cannot forge a
+template token. The episode ends on `complete_task`, the turn limit or the token budget; any
+failure of our machinery ends it with an explicit status, never silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from loop.config import AgentConfig
+from loop.generators.base import Generator, GeneratorError, SamplingParams
+from loop.prompt import build_messages, format_observation
+from loop.trajectory import Trajectory, Turn
+
+CODE_OPEN = re.compile(r"```(?:python|py)[ \t]*\n")
+NO_CODE = "No code was found. Write your code in a ```python block."
+
+
+@dataclass(frozen=True)
+class ChatGlue:
+    """The chat template's text around messages, and the ids that end an assistant turn."""
+
+    assistant_to_user: str  # after an assistant message's content, up to a user's content
+    user_to_assistant: str  # after a user message's content, through the generation prompt
+    stop_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> ChatGlue:
+        """Render a probe conversation and cut the template text out between markers."""
+        a, u = "\x00ASSISTANT\x00", "\x00USER\x00"
+        probe = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": a},
+            {"role": "user", "content": u},
+        ]
+        text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        between = text[text.index(a) + len(a) : text.index(u)]
+        after = text[text.index(u) + len(u) :]
+        stops = {tokenizer.eos_token_id}
+        first_special = tokenizer(between, add_special_tokens=False)["input_ids"][:1]
+        if first_special and first_special[0] in tokenizer.all_special_ids:
+            stops.add(first_special[0])  # e.g. <|im_end|> when eos is <|endoftext|>
+        return cls(between, after, tuple(sorted(i for i in stops if i is not None)))
+
+
+def extract_code(text: str) -> str | None:
+    """All ```python / ```py blocks joined into one cell (a final unterminated one included)."""
+    blocks, pos = [], 0
+    while (opening := CODE_OPEN.search(text, pos)) is not None:
+        end = text.find("```", opening.end())
+        if end < 0:
+            blocks.append(text[opening.end() :])
+            break
+        blocks.append(text[opening.end() : end])
+        pos = end + 3
+    code = "\n\n".join(b.strip("\n") for b in blocks if b.strip())
+    return code or None
+
+
+def encode_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The opening messages as token ids, through the tokenizer's chat template."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def truncate_observation(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """Cut an observation to `max_tokens` tokens, saying how much was left out."""
+    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if len(ids) <= max_tokens:
+        return text
+    kept = tokenizer.decode(ids[:max_tokens])
+    return f"{kept}\n[observation truncated: {len(ids) - max_tokens} more tokens not shown]"
+
+
+async def run_episode(
+    env: Any,
+    task: Any,
+    generator: Generator,
+    tokenizer: Any,
+    settings: AgentConfig,
+    *,
+    example: list[dict[str, str]],
+    sample_index: int = 0,
+    seed: int | None = None,
+    trajectory: Trajectory | None = None,
+) -> Trajectory:
+    """Roll out one episode; fills and returns `trajectory` (made here if not given)."""
+    traj = trajectory or Trajectory(task.id, task.scenario_id, task.difficulty, sample_index)
+    start = time.monotonic()
+    glue = ChatGlue.from_tokenizer(tokenizer)
+    traj.messages = build_messages(env.reset(), example)
+    traj.append(encode_prompt(tokenizer, traj.messages), output=False)
+    traj.prompt_length = len(traj.tokens)
+    traj.status = "max_turns"
+    for turn_index in range(settings.max_turns):
+        room = settings.max_context_tokens - len(traj.tokens)
+        if room < 1:
+            traj.status = "context_exhausted"
+            break
+        params = SamplingParams(
+            max_new_tokens=min(settings.max_new_tokens, room),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            stop_token_ids=glue.stop_token_ids,
+            seed=None if seed is None else seed + turn_index,
+        )
+        try:
+            generation = await generator.generate(traj.tokens, params, messages=traj.messages)
+        except GeneratorError as exc:
+            traj.status, traj.error = "generator_error", str(exc)
+            break
+        traj.token_exact &= bool(generation.metadata.get("token_exact", True))
+        turn = _record_output(traj, tokenizer, generation)
+        if turn.code is None:
+            observation = NO_CODE
+        else:
+            calls_before = len(env.api_calls)
+            try:
+                observation = await env.astep(turn.code)
+            except Exception as exc:  # the sandbox itself failed, not the agent's code
+                traj.status, traj.error = "sandbox_crash", f"{type(exc).__name__}: {exc}"
+                break
+            turn.api_calls = [dataclasses.asdict(c) for c in env.api_calls[calls_before:]]
+            result = env.last_result
+            if result is not None:
+                turn.error, turn.timed_out, turn.crashed = (
+                    result.error, result.timed_out, result.crashed)
+            if env.done:
+                traj.status = "ok"
+                break
+        observation = truncate_observation(tokenizer, observation, settings.max_observation_tokens)
+        if not _append_observation(traj, tokenizer, glue, generation, turn, observation, settings):
+            traj.status = "context_exhausted"
+            break
+    traj.api_calls = [dataclasses.asdict(c) for c in env.api_calls]
+    traj.duration_s = time.monotonic() - start
+    return traj
+
+
+def _record_output(traj: Trajectory, tokenizer: Any, generation: Any) -> Turn:
+    start = len(traj.tokens)
+    traj.append(list(generation.token_ids), output=True, logprobs=generation.logprobs)
+    text = generation.text
+    if text is None:
+        text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    turn = Turn(start, len(traj.tokens), generation.finish_reason, text, extract_code(text))
+    traj.turns.append(turn)
+    traj.messages.append({"role": "assistant", "content": text})
+    return turn
+
+
+def _append_observation(
+    traj: Trajectory,
+    tokenizer: Any,
+    glue: ChatGlue,
+    generation: Any,
+    turn: Turn,
+    observation: str,
+    settings: AgentConfig,
+) -> bool:
+    """Add glue + observation as environment tokens; False if the budget cannot hold them."""
+    closing = glue.assistant_to_user
+    sampled = generation.token_ids
+    if generation.finish_reason == "stop" and sampled and sampled[-1] in glue.stop_token_ids:
+        stop_text = tokenizer.decode([sampled[-1]])
+        if closing.startswith(stop_text):  # the template's closing token was sampled: keep it
+            closing = closing[len(stop_text) :]
+    content = format_observation(observation)
+    ids = tokenizer(closing, add_special_tokens=False)["input_ids"]
+    ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids += tokenizer(glue.user_to_assistant, add_special_tokens=False)["input_ids"]
+    if len(traj.tokens) + len(ids) >= settings.max_context_tokens:
+        return False
+    traj.append(ids, output=False)
+    turn.observation = observation
+    traj.messages.append({"role": "user", "content": content})
+    return True

@@ -1,0 +1,90 @@
+"""The one place that turns a `RunConfig` into objects: suite, sandbox pool, tokenizer, generator.
+
+Components take plain arguments (STYLE.md habit 5); only this module reads the config. The
+`hf` backend loads the policy model (and samples with that very object); `vllm` and `openai`
+need only the tokenizer on our side, so no second copy of the weights is loaded for them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loop.config import ConfigError, RunConfig
+from loop.generators.base import Generator
+from loop.models import resolve_model
+from sandbox import KernelPool, Limits
+from tasks import get_suite
+
+
+def build_suite(config: RunConfig) -> Any:
+    """The task suite named by `config.suite`."""
+    try:
+        return get_suite(config.suite, seed=config.seed)
+    except KeyError as exc:
+        raise ConfigError(f"suite: {exc.args[0] if exc.args else config.suite}") from None
+
+
+def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
+    """A warm pool of sandboxes sized for the run."""
+    return KernelPool(
+        size=config.sandbox.pool_size if size is None else size,
+        timeout_s=config.sandbox.cell_timeout_s,
+        max_output_chars=config.sandbox.max_output_chars,
+        limits=Limits(memory_mb=config.sandbox.memory_mb),
+    )
+
+
+def build_tokenizer(config: RunConfig) -> Any:
+    """The policy's tokenizer (the chat template and the ids the trajectories are made of)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(config.model.name))
+
+
+def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[Generator, Any]:
+    """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied."""
+    backend = config.generator.backend
+    if backend == "hf":
+        from loop.generators.hf import HFGenerator
+        from loop.policy import load_policy
+
+        policy = load_policy(
+            config.model.name,
+            dtype=config.model.dtype,
+            device=config.model.device,
+            attn_implementation=config.model.attn_implementation,
+        )
+        if checkpoint is not None:
+            from peft import PeftModel
+
+            policy.model = PeftModel.from_pretrained(policy.model, str(checkpoint))
+        generator: Generator = HFGenerator(policy, max_batch_size=config.generator.max_batch_size)
+        return generator, policy.tokenizer
+    tokenizer = build_tokenizer(config)
+    if backend == "vllm":
+        from loop.generators.vllm import VLLMGenerator
+
+        generator = VLLMGenerator(
+            resolve_model(config.model.name),
+            dtype=config.model.dtype,
+            max_model_len=config.generator.max_model_len,
+            gpu_memory_utilization=config.generator.gpu_memory_utilization,
+            enable_lora=checkpoint is not None,
+            seed=config.seed,
+        )
+        if checkpoint is not None:
+            generator.load_adapter(checkpoint)
+        return generator, tokenizer
+    from loop.generators.openai import OpenAIGenerator
+
+    if checkpoint is not None:
+        raise ConfigError("--checkpoint cannot be used with generator.backend openai")
+    assert config.generator.base_url and config.generator.served_model  # checked by load_config
+    generator = OpenAIGenerator(
+        config.generator.base_url,
+        config.generator.served_model,
+        tokenizer=tokenizer,
+        mode=config.generator.openai_mode,
+    )
+    return generator, tokenizer

@@ -1,0 +1,217 @@
+"""Typed run configuration: YAML file + `key=value` overrides -> `RunConfig`, or a one-line error.
+
+Every field has a type and a one-line doc; a wrong key, a wrong type or a bad value is a
+`ConfigError` naming the dotted key (`agent.max_turns: expected int, got 'ten'`), never a
+traceback deep in a run. Defaults follow the paper where it has a number (loop_spec.md);
+`configs/quickstart.yaml` scales them down for a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, stated in one line that names the key."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy LLM."""
+
+    name: str = "smollm2-135m"  # a hub id, a local path, or a built-in alias (loop/models.py)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    attn_implementation: str | None = None  # e.g. "sdpa", "flash_attention_2"; None = default
+    lora_rank: int = 16  # LoRA r; 0 = full fine-tuning
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "all-linear"
+    load_in_4bit: bool = False  # 4-bit base via bitsandbytes (CUDA only)
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class GeneratorConfig:
+    """Which backend samples the rollouts."""
+
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    max_batch_size: int = 8  # hf: concurrent requests per forward batch
+    gpu_memory_utilization: float = 0.4  # vllm: share of (GPU or CPU KV) memory for the engine
+    max_model_len: int = 8192  # vllm: longest sequence the engine plans for
+    base_url: str | None = None  # openai: the endpoint, e.g. http://127.0.0.1:8000/v1
+    served_model: str | None = None  # openai: the model name the endpoint serves
+    openai_mode: Literal["completions", "chat"] = "completions"
+
+
+@dataclass
+class SandboxConfig:
+    """The REPL sandboxes the agent's code runs in."""
+
+    pool_size: int = 4  # warm kernels kept ready
+    cell_timeout_s: float = 30.0  # wall time of one cell
+    memory_mb: int = 2048
+    max_output_chars: int = 20_000  # cell output cut with a notice past this
+
+
+@dataclass
+class AgentConfig:
+    """The ReAct episode."""
+
+    max_turns: int = 50  # the paper: 40 in training, 50 in evaluation
+    max_new_tokens: int = 1500  # per turn
+    max_context_tokens: int = 32_768  # the whole rollout; the episode ends when it is spent
+    max_observation_tokens: int = 3000  # longer observations are cut with a notice
+    temperature: float = 1.0
+    top_p: float = 1.0
+    rollout_timeout_s: float = 3600.0  # wall time of one rollout (status "timeout")
+
+
+@dataclass
+class EvalConfig:
+    """evaluate.py and the trainer's periodic evaluation."""
+
+    split: Literal["train", "dev", "test_normal", "test_challenge"] = "dev"
+    rollouts_per_task: int = 1  # K for pass@k
+    limit: int | None = None  # evaluate only the first N tasks of the split
+    max_concurrent_rollouts: int = 8
+
+
+@dataclass
+class RunConfig:
+    """One run: what to train or evaluate, with what, where results go."""
+
+    name: str = "run"
+    output_dir: str = "runs"  # results go to <output_dir>/<name>/
+    suite: str = "apptown"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes (derived in one place)."""
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for writing the resolved config next to the results."""
+        return dataclasses.asdict(self)
+
+
+def load_config(path: Path | str | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
+    """Read a YAML file (or start from defaults), apply `a.b=value` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+        data = loaded
+    for override in overrides:
+        _apply_override(data, override)
+    config = _build(RunConfig, data, prefix="")
+    _check_values(config)
+    return config
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {override!r} is not key=value")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(fields)})")
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(typing.cast(type, hint), value, prefix=f"{prefix}{name}.")
+        else:
+            values[name] = _coerce(value, hint, f"{prefix}{name}")
+    return cls(**values)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not (
+        isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def _check_values(config: RunConfig) -> None:
+    positive = {
+        "agent.max_turns": config.agent.max_turns,
+        "agent.max_new_tokens": config.agent.max_new_tokens,
+        "agent.max_context_tokens": config.agent.max_context_tokens,
+        "agent.max_observation_tokens": config.agent.max_observation_tokens,
+        "eval.rollouts_per_task": config.eval.rollouts_per_task,
+        "eval.max_concurrent_rollouts": config.eval.max_concurrent_rollouts,
+        "sandbox.cell_timeout_s": config.sandbox.cell_timeout_s,
+        "generator.max_batch_size": config.generator.max_batch_size,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if config.sandbox.pool_size < 0:
+        raise ConfigError(f"sandbox.pool_size: must be >= 0, got {config.sandbox.pool_size}")
+    if config.eval.limit is not None and config.eval.limit <= 0:
+        raise ConfigError(f"eval.limit: must be > 0, got {config.eval.limit}")
+    if config.agent.temperature < 0 or not 0 < config.agent.top_p <= 1:
+        raise ConfigError("agent.temperature must be >= 0 and agent.top_p in (0, 1]")
+    if config.generator.backend == "openai" and not (
+        config.generator.base_url and config.generator.served_model
+    ):
+        raise ConfigError("generator.backend openai needs generator.base_url and served_model")
+    if config.agent.max_new_tokens >= config.agent.max_context_tokens:
+        raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

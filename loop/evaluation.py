@@ -1,0 +1,116 @@
+"""Evaluate a policy on a split: rollouts, TGC/SGC/pass@k, files for inspection.
+
+    python evaluate.py --config configs/quickstart.yaml --split dev [--checkpoint DIR]
+
+Writes `<run_dir>/eval/<split>/`: `config.yaml` (resolved), `rollouts.jsonl` (one trajectory per
+line, appended as each finishes, so an interrupted evaluation keeps what it completed) and
+`metrics.json`. The trainer's periodic dev evaluation calls `run_evaluation` too: one code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from loop.build import build_generator, build_pool, build_suite
+from loop.config import RunConfig
+from loop.generators.base import Generator
+from loop.metrics import compute_metrics
+from loop.prompt import worked_example
+from loop.rollout import RolloutJob, collect_rollouts
+from loop.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def eval_jobs(tasks: list[Any], rollouts_per_task: int, seed: int) -> list[RolloutJob]:
+    """Every (task, sample) pair, with a seed derived from (seed, task index, sample)."""
+    return [
+        RolloutJob(task, k, seed=seed * 1_000_003 + i * 1009 + k)
+        for i, task in enumerate(tasks)
+        for k in range(rollouts_per_task)
+    ]
+
+
+async def run_evaluation(
+    config: RunConfig,
+    *,
+    suite: Any,
+    pool: Any,
+    generator: Generator,
+    tokenizer: Any,
+    out_dir: Path,
+    show_progress: bool = True,
+) -> dict[str, float]:
+    """Roll out the configured split, write rollouts and metrics under `out_dir`, return metrics."""
+    tasks = suite.tasks(config.eval.split)
+    if config.eval.limit is not None:
+        tasks = tasks[: config.eval.limit]
+    jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    rollouts_path = out_dir / "rollouts.jsonl"
+    progress = tqdm(total=len(jobs), desc=f"eval {config.eval.split}", unit="rollout",
+                    disable=not show_progress, file=sys.stderr)
+    solved = 0
+    with rollouts_path.open("w") as sink:
+
+        def record(traj: Trajectory) -> None:
+            nonlocal solved
+            sink.write(json.dumps(traj.to_json()) + "\n")
+            sink.flush()
+            solved += bool(traj.success)
+            progress.update(1)
+            progress.set_postfix(solved=f"{solved}/{progress.n}", last=traj.status)
+
+        trajectories = await collect_rollouts(
+            jobs, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
+            settings=config.agent, example=list(worked_example(suite)),
+            max_concurrent=config.eval.max_concurrent_rollouts, on_done=record,
+        )  # fmt: skip
+    progress.close()
+    metrics = compute_metrics(trajectories)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def evaluate(config: RunConfig, checkpoint: Path | None = None) -> dict[str, float]:
+    """Build everything from the config, evaluate, print a summary table; returns the metrics."""
+    started = time.monotonic()
+    suite = build_suite(config)
+    generator, tokenizer = build_generator(config, checkpoint)
+    out_dir = config.run_dir / "eval" / config.eval.split
+    size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
+
+    async def main() -> dict[str, float]:
+        try:
+            with build_pool(config, size=size) as pool:
+                return await run_evaluation(
+                    config, suite=suite, pool=pool, generator=generator,
+                    tokenizer=tokenizer, out_dir=out_dir,
+                )  # fmt: skip
+        finally:
+            await generator.close()
+
+    metrics = asyncio.run(main())
+    print(summary_table(metrics, title=f"{config.name}: {config.eval.split}"))
+    print(f"rollouts and metrics in {out_dir} ({time.monotonic() - started:.0f} s)")
+    return metrics
+
+
+def summary_table(metrics: dict[str, float], title: str) -> str:
+    """The metrics as an aligned two-column table."""
+    width = max(len(key) for key in metrics)
+    lines = [title, "-" * (width + 12)]
+    for key, value in metrics.items():
+        shown = f"{value:.3f}" if isinstance(value, float) and not value.is_integer() else value
+        lines.append(f"{key:<{width}}  {shown}")
+    return "\n".join(lines)

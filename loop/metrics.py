@@ -1,0 +1,89 @@
+"""Evaluation metrics over finished rollouts (pure functions; no model, no I/O).
+
+- TGC, task goal completion: the share of tasks whose tests all pass. With K rollouts per task,
+  the mean over tasks of each task's success rate (the expected TGC of one rollout).
+- SGC, scenario goal completion: the share of scenarios whose variants all pass, counted per
+  sample index k (the k-th rollout of every variant) and averaged over k.
+- pass@k: the unbiased estimator 1 - C(n-c, k) / C(n, k) per task, averaged (Chen et al. 2021).
+Rollouts that failed for an infrastructure reason count as failures here and are also counted
+separately (`eval/infra_failures`), so a broken run cannot look like a good model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from statistics import mean
+
+from loop.trajectory import Trajectory
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k rollouts drawn from n (c of them correct) is correct."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 < k <= n and 0 <= c <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def compute_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Namespaced metrics (`eval/...`) of one evaluation."""
+    if not trajectories:
+        raise ValueError("no rollouts to compute metrics on")
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in trajectories:
+        by_task[traj.task_id].append(traj)
+    metrics: dict[str, float] = {
+        "eval/tasks": len(by_task),
+        "eval/rollouts": len(trajectories),
+        "eval/tgc": mean(mean(bool(t.success) for t in group) for group in by_task.values()),
+        "eval/sgc": scenario_goal_completion(trajectories),
+        "eval/reward_mean": mean(t.reward or 0.0 for t in trajectories),
+        "eval/infra_failures": sum(t.infra_failure for t in trajectories),
+    }
+    k_max = min(len(group) for group in by_task.values())
+    for k in range(1, k_max + 1):
+        metrics[f"eval/pass@{k}"] = mean(
+            pass_at_k(len(g), sum(bool(t.success) for t in g), k) for g in by_task.values()
+        )
+    metrics.update(_behaviour(trajectories))
+    metrics.update(_by_difficulty(trajectories))
+    for status, count in Counter(t.status for t in trajectories).items():
+        metrics[f"eval/status/{status}"] = count
+    return metrics
+
+
+def scenario_goal_completion(trajectories: Sequence[Trajectory]) -> float:
+    """SGC: per sample index, the share of scenarios with every variant solved; then the mean."""
+    solved: dict[tuple[str, int], list[bool]] = defaultdict(list)
+    for traj in trajectories:
+        solved[(traj.scenario_id, traj.sample_index)].append(bool(traj.success))
+    per_sample: dict[int, list[bool]] = defaultdict(list)
+    for (_, sample), outcomes in solved.items():
+        per_sample[sample].append(all(outcomes))
+    return mean(mean(values) for values in per_sample.values())
+
+
+def _behaviour(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    calls = [t.api_calls for t in trajectories]
+    return {
+        "eval/turns_mean": mean(len(t.turns) for t in trajectories),
+        "eval/api_calls_mean": mean(len(c) for c in calls),
+        "eval/failed_api_calls_mean": mean(sum(not call["ok"] for call in c) for c in calls),
+        "eval/output_tokens_mean": mean(sum(t.is_output) for t in trajectories),
+        "eval/tokens_mean": mean(len(t.tokens) for t in trajectories),
+    }
+
+
+def _by_difficulty(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    groups: dict[int, list[Trajectory]] = defaultdict(list)
+    for traj in trajectories:
+        groups[traj.difficulty].append(traj)
+    out: dict[str, float] = {}
+    for difficulty, group in sorted(groups.items()):
+        out[f"eval/difficulty_{difficulty}/success_rate"] = mean(bool(t.success) for t in group)
+        out[f"eval/difficulty_{difficulty}/reward_mean"] = mean(t.reward or 0.0 for t in group)
+        out[f"eval/difficulty_{difficulty}/rollouts"] = len(group)
+    return out

@@ -1,0 +1,108 @@
+"""One rollout as the trainer and the inspector see it: a flat token sequence plus its story.
+
+Token in, token out. `tokens` is every token of the rollout in order: the prompt, then for each
+turn the ids the policy sampled (exactly as sampled, its stop token included) and the tokens the
+environment added (chat-template glue and the observation). Parallel arrays:
+
+    is_output[i]         True only for ids the policy sampled (the loss mask)
+    sampler_logprobs[i]  the sampler's log-prob of tokens[i] where is_output[i]; NaN elsewhere
+
+`turns` records where each turn's sampled span lies, so decoding `tokens[t.output_start:
+t.output_end]` gives that turn's assistant message. The status says how the rollout ended;
+`INFRA_STATUSES` are failures of our machinery, excluded from advantages and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+RolloutStatus = Literal[
+    "ok",  # the agent called complete_task
+    "max_turns",  # the turn limit came first
+    "context_exhausted",  # the token budget came first
+    "timeout",  # the rollout's wall-clock limit came first
+    "sandbox_crash",  # the sandbox could not go on (not a crash the agent's code caused)
+    "generator_error",  # the generation backend failed
+    "env_error",  # the environment or its grader failed
+]
+INFRA_STATUSES: frozenset[str] = frozenset(
+    {"timeout", "sandbox_crash", "generator_error", "env_error"}
+)
+
+
+@dataclass
+class Turn:
+    """One assistant turn and what the environment answered."""
+
+    output_start: int  # tokens[output_start:output_end] are the ids sampled this turn
+    output_end: int
+    finish_reason: str  # "stop" or "length"
+    text: str  # the assistant message, decoded from the sampled ids
+    code: str | None  # the cell extracted from the message (None: no code block)
+    observation: str | None = None  # what the agent was shown (None after the last turn)
+    error: str | None = None  # the cell's uncaught exception, if any
+    timed_out: bool = False
+    crashed: bool = False
+    api_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Trajectory:
+    """A finished rollout of one task."""
+
+    task_id: str
+    scenario_id: str
+    difficulty: int
+    sample_index: int  # which of the task's K rollouts this is
+    tokens: list[int] = field(default_factory=list)
+    is_output: list[bool] = field(default_factory=list)
+    sampler_logprobs: list[float] = field(default_factory=list)
+    prompt_length: int = 0
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    api_calls: list[dict[str, Any]] = field(default_factory=list)
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None  # fraction of tests passed; None when not scored
+    success: bool | None = None
+    status: RolloutStatus = "ok"
+    error: str | None = None  # why an infrastructure status was given
+    token_exact: bool = True  # False when a backend returned text that had to be re-tokenised
+    duration_s: float = 0.0
+
+    @property
+    def infra_failure(self) -> bool:
+        """Excluded from advantages and counted (the group is re-baselined without it)."""
+        return self.status in INFRA_STATUSES
+
+    def append(self, ids: list[int], *, output: bool, logprobs: list[float] | None = None) -> None:
+        """Add tokens; sampled ones carry their sampler log-probs (NaN if the backend gave none)."""
+        self.tokens.extend(ids)
+        self.is_output.extend([output] * len(ids))
+        if output and logprobs is not None:
+            assert len(logprobs) == len(ids), f"{len(logprobs)} log-probs for {len(ids)} ids"
+            self.sampler_logprobs.extend(float(x) for x in logprobs)
+        else:
+            self.sampler_logprobs.extend([math.nan] * len(ids))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for rollouts files (NaN log-probs become None)."""
+        data = dataclasses.asdict(self)
+        data["sampler_logprobs"] = [None if math.isnan(x) else x for x in self.sampler_logprobs]
+        data["num_tokens"] = len(self.tokens)
+        data["num_output_tokens"] = sum(self.is_output)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        """The inverse of `to_json`."""
+        data = dict(data)
+        data.pop("num_tokens", None)
+        data.pop("num_output_tokens", None)
+        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        data["sampler_logprobs"] = [
+            math.nan if x is None else x for x in data.get("sampler_logprobs", [])
+        ]
+        return cls(**data)

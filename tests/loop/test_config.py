@@ -1,0 +1,72 @@
+"""Config loading: YAML + overrides -> RunConfig, and one-line errors naming the key.
+
+Run: python -m pytest tests/loop/test_config.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loop.config import ConfigError, RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_quickstart_config_loads() -> None:
+    config = load_config(ROOT / "configs" / "quickstart.yaml")
+    assert config.model.name == "smollm2-135m" and config.generator.backend == "hf"
+    assert config.run_dir == Path("runs") / "quickstart"
+
+
+def test_defaults_follow_the_paper() -> None:
+    config = RunConfig()
+    assert (config.agent.max_turns, config.agent.max_new_tokens) == (50, 1500)
+    assert config.agent.max_context_tokens == 32_768 and config.agent.temperature == 1.0
+    assert (config.model.lora_rank, config.model.lora_alpha) == (16, 32)
+
+
+def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, "agent:\n  max_turns: 3\n"),
+        ["agent.max_turns=7", "eval.limit=5", "agent.top_p=0.5", "name=x"],
+    )
+    assert config.agent.max_turns == 7 and config.eval.limit == 5
+    assert config.agent.top_p == 0.5 and config.name == "x"
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("agent:\n  max_turn: 3\n", [], "unknown config key agent.max_turn"),
+        ("agent:\n  max_turns: ten\n", [], "agent.max_turns: expected int, got 'ten'"),
+        ("agent:\n  max_turns: true\n", [], "agent.max_turns: expected int"),
+        ("generator:\n  backend: tgi\n", [], "generator.backend: expected one of hf, vllm, openai"),
+        ("agent: 3\n", [], "agent: expected a mapping"),
+        ("- a\n- b\n", [], "top level must be a mapping"),
+        ("agent: [unclosed\n", [], "not valid YAML"),
+        ("", ["agent.max_turns=0"], "agent.max_turns: must be > 0"),
+        ("", ["noequals"], "is not key=value"),
+        ("", ["generator.backend=openai"], "needs generator.base_url"),
+        ("", ["eval.split=validation"], "eval.split: expected one of"),
+    ],
+)
+def test_bad_configs_are_one_line_errors(
+    tmp_path: Path, text: str, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), overrides)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,87 @@
+"""Evaluation metrics against numbers worked out by hand.
+
+Run: python -m pytest tests/loop/test_metrics.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loop.metrics import compute_metrics, pass_at_k, scenario_goal_completion
+from loop.trajectory import Trajectory
+
+
+def traj(
+    task: str,
+    sample: int,
+    success: bool,
+    *,
+    difficulty: int = 1,
+    reward: float | None = None,
+    status: str = "ok",
+    calls: int = 0,
+    failed: int = 0,
+) -> Trajectory:
+    t = Trajectory(task, task.rsplit("_", 1)[0], difficulty, sample)
+    t.success = success
+    t.reward = (1.0 if success else 0.5) if reward is None else reward
+    t.status = status  # type: ignore[assignment]
+    t.api_calls = [{"ok": i >= failed} for i in range(calls)]
+    return t
+
+
+def test_pass_at_k_matches_hand_computation() -> None:
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 0, 4) == 0.0
+    assert pass_at_k(4, 3, 2) == 1.0  # n - c < k
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_tgc_sgc_and_pass_at_k_over_two_scenarios() -> None:
+    rollouts = [
+        # scenario a: variants a_1, a_2; sample 0 solves both, sample 1 solves only a_1
+        traj("a_1", 0, True),
+        traj("a_1", 1, True),
+        traj("a_2", 0, True),
+        traj("a_2", 1, False),
+        # scenario b: one variant, never solved
+        traj("b_1", 0, False),
+        traj("b_1", 1, False),
+    ]
+    m = compute_metrics(rollouts)
+    assert m["eval/tgc"] == pytest.approx((1 + 0.5 + 0) / 3)
+    # sample 0: a solved, b not -> 1/2; sample 1: neither -> 0; mean 1/4
+    assert m["eval/sgc"] == pytest.approx(0.25)
+    assert scenario_goal_completion(rollouts) == pytest.approx(0.25)
+    assert m["eval/pass@1"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert m["eval/pass@2"] == pytest.approx((1 + 1 + 0) / 3)
+    assert m["eval/reward_mean"] == pytest.approx((1 + 1 + 1 + 0.5 + 0.5 + 0.5) / 6)
+
+
+def test_infra_failures_count_as_failures_and_are_reported() -> None:
+    rollouts = [traj("a_1", 0, False, reward=None, status="generator_error"), traj("a_2", 0, True)]
+    rollouts[0].reward = None
+    m = compute_metrics(rollouts)
+    assert m["eval/infra_failures"] == 1 and m["eval/status/generator_error"] == 1
+    assert m["eval/tgc"] == 0.5 and m["eval/reward_mean"] == 0.5
+
+
+def test_behaviour_and_difficulty_breakdown() -> None:
+    rollouts = [
+        traj("a_1", 0, True, difficulty=1, calls=4, failed=1),
+        traj("b_1", 0, False, difficulty=3, calls=2, failed=2),
+    ]
+    m = compute_metrics(rollouts)
+    assert m["eval/api_calls_mean"] == 3 and m["eval/failed_api_calls_mean"] == 1.5
+    assert m["eval/difficulty_1/success_rate"] == 1.0
+    assert m["eval/difficulty_3/success_rate"] == 0.0
+    assert not any(math.isnan(v) for v in m.values())
+
+
+def test_no_rollouts_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no rollouts"):
+        compute_metrics([])
