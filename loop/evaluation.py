@@ -111,6 +111,6 @@ def summary_table(metrics: dict[str, float], title: str) -> str:
     width = max(len(key) for key in metrics)
     lines = [title, "-" * (width + 12)]
     for key, value in metrics.items():
-        shown = f"{value:.3f}" if isinstance(value, float) and not value.is_integer() else value
-        lines.append(f"{key:<{width}}  {shown}")
+        counted = key.endswith(("/tasks", "/rollouts", "/infra_failures")) or "/status/" in key
+        lines.append(f"{key:<{width}}  {int(value) if counted else f'{value:.3f}'}")
     return "\n".join(lines)
