@@ -1,0 +1,136 @@
+"""Per-token log-probabilities of a sequence under a causal LM, without full-vocabulary logits.
+
+`token_logprobs` is what the learner uses for the PPO ratio (old and new log-probs) and for the
+sampler/learner parity check. It runs the transformer body once, then applies the LM head,
+log-softmax and gather over chunks of `chunk_size` positions, so at most
+`chunk_size x vocab` logits exist at a time instead of `B x T x vocab`. Under autograd each
+chunk is recomputed in the backward pass (non-reentrant activation checkpointing), so the
+saved activations are the (B, T, H) hidden states, not the logits. This is the role Cut
+Cross-Entropy plays in the reference implementation (loop_spec.md section 7.4).
+
+Conventions (shared with `token_logprobs_naive`, the slow reference kept for tests):
+- `out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])` for t >= 1; `out[:, 0] = 0.0`
+  (the first token has no context). Callers mask with `is_output`, which is never True there.
+- Padded positions (attention_mask == 0) get finite values that mean nothing; mask them.
+- Position ids follow the attention mask (`cumsum - 1`), so left padding does not shift
+  the positions of real tokens: a left-padded row gives the same values as the row alone.
+- `temperature` divides the logits (after any final soft-capping the model applies), as the
+  sampler does; the loss of the paper uses temperature 1.0.
+- Values are float32 whatever the model dtype (logits are upcast before the softmax).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Log-prob of each token given its prefix, computed chunk by chunk.
+
+    model: a transformers causal LM, or a peft model wrapping one (LoRA layers live inside
+        the body, so calling the body directly applies them).
+    input_ids: (B, T) int64.   attention_mask: (B, T) 0/1, or None for no padding.
+    Returns (B, T) float32 with column 0 equal to 0.0. Differentiable with respect to the
+    model's parameters when grad is enabled.
+    """
+    _check_inputs(input_ids, attention_mask, chunk_size, temperature)
+    causal_lm = _unwrap_peft(model)
+    body, lm_head = causal_lm.base_model, causal_lm.get_output_embeddings()
+    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    out = body(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=_position_ids(attention_mask),
+        use_cache=False,
+    )
+    batch, seq_len = input_ids.shape
+    if seq_len == 1:  # nothing to predict: only the conventional 0.0 of position 0
+        return out.last_hidden_state.new_zeros(batch, 1, dtype=torch.float32)
+    # hidden[t] predicts token t + 1: (B, T-1, H) -> (B*(T-1), H), targets (B*(T-1),).
+    hidden = out.last_hidden_state[:, :-1].reshape(batch * (seq_len - 1), -1)
+    targets = input_ids[:, 1:].reshape(-1)
+    recompute_in_backward = torch.is_grad_enabled() and hidden.requires_grad
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start : start + chunk_size], targets[start : start + chunk_size])
+        if recompute_in_backward:
+            piece = checkpoint(
+                _chunk_logprobs, *args, lm_head, softcap, temperature, use_reentrant=False
+            )
+        else:
+            piece = _chunk_logprobs(*args, lm_head, softcap, temperature)
+        pieces.append(piece)
+    logprobs = torch.cat(pieces).reshape(batch, seq_len - 1)
+    first = logprobs.new_zeros(batch, 1)
+    return torch.cat([first, logprobs], dim=1)
+
+
+def token_logprobs_naive(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+) -> Tensor:
+    """The slow reference: full (B, T, V) logits, log-softmax, gather. Same conventions."""
+    _check_inputs(input_ids, attention_mask, 1, temperature)
+    if input_ids.shape[1] == 1:
+        return torch.zeros(input_ids.shape[0], 1, device=input_ids.device)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=_position_ids(attention_mask),
+        use_cache=False,
+    ).logits
+    logprobs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    picked = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([picked.new_zeros(input_ids.shape[0], 1), picked], dim=1)
+
+
+def _chunk_logprobs(
+    hidden: Tensor, targets: Tensor, lm_head: Any, softcap: float | None, temperature: float
+) -> Tensor:
+    """hidden: (N, H), targets: (N,) -> (N,) float32 log-probs of the targets."""
+    logits = lm_head(hidden).float()  # (N, V): the only vocabulary-sized tensor, one chunk
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _position_ids(attention_mask: Tensor | None) -> Tensor | None:
+    """(B, T) positions counting only real tokens; padded positions get 0."""
+    if attention_mask is None:
+        return None
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _unwrap_peft(model: Any) -> Any:
+    """The transformers causal LM inside a peft model (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _check_inputs(
+    input_ids: Tensor, attention_mask: Tensor | None, chunk_size: int, temperature: float
+) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must be (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")

@@ -1,0 +1,235 @@
+"""`loop.generators.hf.HFGenerator`: stop tokens, batching that does not change results, exact
+sampler log-probs (a learner recomputation with `token_logprobs` agrees), per-request errors,
+LoRA, adapter loading, training-mode restore and shutdown.
+
+Run: python -m pytest tests/loop/test_hf_generator.py -q -s   (-s prints the parity numbers;
+the SmolLM2 tests are `slow`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
+from loop.generators.hf import HFGenerator
+from loop.logprobs import token_logprobs
+from loop.policy import LoraSettings, Policy, load_policy
+from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids
+
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    """`count` prompts of different lengths (3, 5, 7, ...) over the tiny vocabulary."""
+    rng = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(3, TINY_VOCAB, (3 + 2 * i,), generator=rng).tolist() for i in range(count)
+    ]
+
+
+def learner_logprobs(model, prompt: list[int], generation: Generation) -> torch.Tensor:
+    """The learner's log-probs (temperature 1) of the sampled ids given prompt + prefix."""
+    input_ids = torch.tensor([prompt + generation.token_ids])
+    with torch.no_grad():
+        return token_logprobs(model, input_ids, chunk_size=64)[0, len(prompt) :]
+
+
+def max_parity_gap(model, prompt_list, generations) -> float:
+    gaps = [
+        (learner_logprobs(model, prompt, g) - torch.tensor(g.logprobs)).abs().max().item()
+        for prompt, g in zip(prompt_list, generations, strict=True)
+    ]
+    return max(gaps)
+
+
+async def test_honours_the_generator_protocol(tiny_policy: Policy) -> None:
+    generator = HFGenerator(tiny_policy)
+    assert isinstance(generator, Generator) and generator.name == "hf"
+    assert generator.policy.model is tiny_policy.model  # one copy of the weights
+    await generator.close()
+
+
+async def test_output_ends_at_the_first_sampled_stop_token(tiny_policy: Policy) -> None:
+    generator, prompt = HFGenerator(tiny_policy), prompts(1)[0]
+    free = await generator.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0))
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    cut = next(i for i, t in enumerate(free.token_ids) if i >= 2 and t not in free.token_ids[:i])
+    stop_id = free.token_ids[cut]
+    params = SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=(stop_id, 0))
+    stopped = await generator.generate(prompt, params)
+    assert stopped.token_ids == free.token_ids[: cut + 1]  # stop id kept, nothing after it
+    assert stopped.finish_reason == "stop" and len(stopped.logprobs) == cut + 1
+    await generator.close()
+
+
+async def test_concurrent_requests_are_batched_without_changing_results(tiny_policy) -> None:
+    generator, prompt_list = HFGenerator(tiny_policy, max_batch_size=8), prompts(6)
+    alone = [await generator.generate(prompt, GREEDY) for prompt in prompt_list]
+    batches_before = generator.batches_run
+    together = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompt_list))
+    assert generator.batches_run - batches_before < len(prompt_list)
+    for single, batched in zip(alone, together, strict=True):
+        assert batched.token_ids == single.token_ids
+        assert (
+            max(abs(a - b) for a, b in zip(batched.logprobs, single.logprobs, strict=True)) < 1e-4
+        )
+    await generator.close()
+
+
+async def test_rows_of_one_batch_keep_their_own_params(tiny_policy: Policy) -> None:
+    generator, (short, long, seeded) = HFGenerator(tiny_policy), prompts(3)
+    sampling = SamplingParams(max_new_tokens=9, temperature=1.0, seed=7)
+    seeded_alone = await generator.generate(seeded, sampling)
+    results = await asyncio.gather(
+        generator.generate(short, SamplingParams(max_new_tokens=2, temperature=0)),
+        generator.generate(long, SamplingParams(max_new_tokens=7, temperature=0.5)),
+        generator.generate(seeded, sampling),
+    )
+    assert [len(r.token_ids) for r in results] == [2, 7, 9]
+    assert results[2].token_ids == seeded_alone.token_ids  # a seed gives the same sample batched
+    await generator.close()
+
+
+async def test_sampler_logprobs_agree_with_learner_recomputation(tiny_policy: Policy) -> None:
+    generator, prompt_list = HFGenerator(tiny_policy), prompts(5)
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=1)
+    generations = await asyncio.gather(*(generator.generate(p, params) for p in prompt_list))
+    gap = max_parity_gap(tiny_policy.model, prompt_list, generations)
+    print(f"\ntiny model, hf sampler vs learner: max |dlogp| = {gap:.2e}")
+    assert gap < 1e-4
+    await generator.close()
+
+
+async def test_top_p_logprobs_are_renormalised_over_the_nucleus(tiny_policy: Policy) -> None:
+    generator, prompt = HFGenerator(tiny_policy), prompts(1)[0]
+    generation = await generator.generate(
+        prompt, SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.6, seed=3)
+    )
+    full = learner_logprobs(tiny_policy.model, prompt, generation)
+    # q(x) = p(x) / Z with Z <= 1 the nucleus mass, so log q >= log p, equal when Z = 1
+    assert all(q >= p - 1e-5 for q, p in zip(generation.logprobs, full.tolist(), strict=True))
+    await generator.close()
+
+
+async def test_training_mode_restored_and_kv_cache_used_with_checkpointing(
+    tiny_model_dir: Path,
+) -> None:
+    policy = load_policy(str(tiny_model_dir), gradient_checkpointing=True)
+    policy.model.train()
+    step_widths: list[int] = []
+    policy.model.model.embed_tokens.register_forward_hook(
+        lambda _m, args, _out: step_widths.append(args[0].shape[1])
+    )
+    generator = HFGenerator(policy)
+    await generator.generate([5, 6, 7, 8], SamplingParams(max_new_tokens=5, temperature=0))
+    assert step_widths == [4, 1, 1, 1, 1]  # one prefill, then one token per step (cached)
+    assert all(module.training for module in policy.model.modules())
+    await generator.close()
+
+
+async def test_bad_prompts_are_one_line_generator_errors(tiny_policy: Policy) -> None:
+    generator = HFGenerator(tiny_policy)
+    for bad, message in [([], "empty prompt"), ([5, TINY_VOCAB], "outside")]:
+        with pytest.raises(GeneratorError, match=message) as excinfo:
+            await generator.generate(bad, GREEDY)
+        assert "\n" not in str(excinfo.value)
+    await generator.close()
+
+
+async def test_a_failing_request_fails_alone_and_the_batcher_survives(tiny_policy) -> None:
+    poison = 1  # in a prompt (never in `prompts()`), it makes the prefill raise
+
+    def explode(_module, args):
+        if args[0].shape[1] > 1 and (args[0] == poison).any():
+            raise RuntimeError("boom\nsecond line")
+
+    tiny_policy.model.model.embed_tokens.register_forward_pre_hook(explode)
+    generator, (good, other) = HFGenerator(tiny_policy), prompts(2)
+    results = await asyncio.gather(
+        generator.generate(good, GREEDY),
+        generator.generate([4, poison, 5], GREEDY),
+        generator.generate(other, GREEDY),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], Generation) and isinstance(results[2], Generation)
+    assert isinstance(results[1], GeneratorError) and str(results[1]).endswith("RuntimeError: boom")
+    assert len((await generator.generate(good, GREEDY)).token_ids) == GREEDY.max_new_tokens
+    await generator.close()
+
+
+async def test_close_fails_new_requests(tiny_policy: Policy) -> None:
+    generator = HFGenerator(tiny_policy)
+    await generator.generate([3, 4], GREEDY)
+    await generator.close()
+    with pytest.raises(GeneratorError, match="closed"):
+        await generator.generate([3, 4], GREEDY)
+
+
+async def test_lora_policy_generates_through_peft(tiny_model_dir: Path) -> None:
+    policy = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8))
+    generator, prompt_list = HFGenerator(policy), prompts(3)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
+    generations = await asyncio.gather(*(generator.generate(p, params) for p in prompt_list))
+    assert all(len(g.token_ids) == 8 for g in generations)
+    assert max_parity_gap(policy.model, prompt_list, generations) < 1e-4
+    await generator.close()
+
+
+async def test_load_adapter_copies_trained_lora_weights(tiny_model_dir: Path, tmp_path) -> None:
+    lora, prompt = LoraSettings(rank=4, alpha=8), prompts(1)[0]
+    trained = load_policy(str(tiny_model_dir), lora=lora)
+    with torch.no_grad():  # stand-in for training: make the adapter change the outputs
+        for name, param in trained.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    trained.model.save_pretrained(tmp_path / "adapter")
+    expected = await HFGenerator(trained).generate(prompt, GREEDY)
+
+    fresh = load_policy(str(tiny_model_dir), lora=lora)
+    generator = HFGenerator(fresh)
+    before = await generator.generate(prompt, GREEDY)
+    generator.load_adapter(None)  # no-op: the learner's weights are the model's
+    generator.load_adapter(tmp_path / "adapter")
+    after = await generator.generate(prompt, GREEDY)
+    assert after.token_ids == expected.token_ids != before.token_ids
+    await generator.close()
+
+
+async def test_load_adapter_bad_inputs_are_one_line_errors(tiny_policy, tmp_path) -> None:
+    generator = HFGenerator(tiny_policy)
+    with pytest.raises(ValueError, match="needs a LoRA policy"):
+        generator.load_adapter(tmp_path)
+    generator.load_adapter(None)
+    await generator.close()
+
+
+@pytest.mark.slow
+async def test_smollm2_stop_token_and_learner_parity(smollm2_policy: Policy) -> None:
+    tokenizer, generator = smollm2_policy.tokenizer, HFGenerator(smollm2_policy)
+    questions = ["What is 2 + 3? Answer with one number.", "Name a colour.", "Say hello."]
+    prompt_list = [chat_prompt_ids(tokenizer, q) for q in questions]
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_token_ids=(2,), seed=0)
+    generations = await asyncio.gather(*(generator.generate(p, params) for p in prompt_list))
+    for g in generations:
+        assert (g.finish_reason == "stop") == (g.token_ids[-1] == 2)
+        assert 2 not in g.token_ids[:-1]
+    gap = max_parity_gap(smollm2_policy.model, prompt_list, generations)
+    print(f"\nSmolLM2-135M, hf sampler vs learner: max |dlogp| = {gap:.2e}")
+    assert gap < 1e-3
+    await generator.close()
+
+
+@pytest.mark.slow
+async def test_smollm2_batched_greedy_equals_alone(smollm2_policy: Policy) -> None:
+    generator = HFGenerator(smollm2_policy)
+    questions = ["List three fruits.", "What is the capital of France?", "Count to five."]
+    prompt_list = [chat_prompt_ids(smollm2_policy.tokenizer, q) for q in questions]
+    params = SamplingParams(max_new_tokens=16, temperature=0, stop_token_ids=(2,))
+    alone = [await generator.generate(p, params) for p in prompt_list]
+    together = await asyncio.gather(*(generator.generate(p, params) for p in prompt_list))
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    await generator.close()
