@@ -45,6 +45,10 @@ def build_tokenizer(config: RunConfig) -> Any:
 def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[Generator, Any]:
     """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied."""
     backend = config.generator.backend
+    if config.model.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.model.torch_threads)  # sandboxes share these cores
     if backend == "hf":
         from loop.generators.hf import HFGenerator
         from loop.policy import load_policy

@@ -36,6 +36,7 @@ class ModelConfig:
     lora_target_modules: str = "all-linear"
     load_in_4bit: bool = False  # 4-bit base via bitsandbytes (CUDA only)
     gradient_checkpointing: bool = False
+    torch_threads: int | None = None  # CPU threads for torch ops (None: torch's default)
 
 
 @dataclass
