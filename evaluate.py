@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     from loop.evaluation import evaluate
 
     overrides = list(args.overrides)
-    for key, value in (("eval.split", args.split), ("eval.limit", args.limit),
-                       ("eval.rollouts_per_task", args.rollouts_per_task)):
+    for key, value in (
+        ("eval.split", args.split),
+        ("eval.limit", args.limit),
+        ("eval.rollouts_per_task", args.rollouts_per_task),
+    ):
         if value is not None:
             overrides.append(f"{key}={value}")
     try:

@@ -138,7 +138,10 @@ async def run_episode(
             result = env.last_result
             if result is not None:
                 turn.error, turn.timed_out, turn.crashed = (
-                    result.error, result.timed_out, result.crashed)
+                    result.error,
+                    result.timed_out,
+                    result.crashed,
+                )
             if env.done:
                 traj.status = "ok"
                 break

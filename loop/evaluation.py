@@ -58,8 +58,13 @@ async def run_evaluation(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     rollouts_path = out_dir / "rollouts.jsonl"
-    progress = tqdm(total=len(jobs), desc=f"eval {config.eval.split}", unit="rollout",
-                    disable=not show_progress, file=sys.stderr)
+    progress = tqdm(
+        total=len(jobs),
+        desc=f"eval {config.eval.split}",
+        unit="rollout",
+        disable=not show_progress,
+        file=sys.stderr,
+    )
     solved = 0
     with rollouts_path.open("w") as sink:
 
