@@ -27,8 +27,6 @@ from loop.prompt import worked_example
 from sandbox import KernelPool
 from tasks import get_suite
 
-DOC_CELL = "print(apis.api_docs.show_api_doc(app_name='phone', api_name='search_contacts'))"
-
 
 class _Replay:
     """Replays gold-solution cells as assistant turns, to grow real multi-turn prefixes."""
@@ -63,11 +61,8 @@ def rollout_prefixes(tokenizer: Any, n_rollouts: int, turns: int) -> list[list[l
     async def one(task: Any, pool: KernelPool) -> list[list[int]]:
         sandbox = await pool.acquire_async()
         try:
-            # The gold cells without complete_task, then cells that print a long API doc, so the
-            # context keeps growing turn after turn (about 400 tokens a turn).
-            cells = [c for c in suite.gold_solution(task) if "complete_task" not in c]
-            cells += [DOC_CELL] * turns
-            replay = _Replay(tokenizer, cells)
+            cells = suite.gold_solution(task) * turns  # repeats past the end: long prefixes
+            replay = _Replay(tokenizer, cells[:-1])  # never the final complete_task cell
             env = suite.make_env(task, sandbox)
             traj = await run_episode(
                 env, task, replay, tokenizer, settings, example=list(worked_example(suite))
@@ -108,16 +103,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rollouts", type=int, default=4)
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (1 is fastest on 2 shared cores)",
-    )
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(args.torch_threads)
     from transformers import AutoTokenizer
 
     from loop.generators.hf import HFGenerator
