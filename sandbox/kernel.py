@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.bridge import Handler
+from sandbox.bridge import MAX_REQUEST_BYTES, BridgeServer, Handler
 from sandbox.cgroups import Cgroup
 from sandbox.isolation import CGROUP_NAMESPACE, probe
 from sandbox.limits import Limits
@@ -34,6 +34,7 @@ from sandbox.output import OutputCollector
 from sandbox.process import (
     KernelProcess,
     allocate_uid,
+    bridge_socket,
     next_sandbox_number,
     remove_directory,
 )
@@ -105,7 +106,7 @@ class Sandbox:
         self.uid = allocate_uid(self.number) if self.caps.separate_uid else None
         self.cgroup: Cgroup | None = None
         self.restarts = 0
-        self._handler = handler
+        self._bridge: BridgeServer | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._lost_state_note: str | None = None
@@ -118,6 +119,11 @@ class Sandbox:
                     cpus=self.limits.cpus,
                 )
             write_owner(self.directory, self.cgroup)
+            # One bridge for the sandbox's life: API calls and handler bugs recorded before a
+            # kernel restart must still count after it.
+            self._bridge = BridgeServer(
+                bridge_socket(self.directory), handler, max_request_bytes=MAX_REQUEST_BYTES
+            )
             self._kernel = self._start_kernel()
         except BaseException:
             self._teardown()
@@ -129,17 +135,19 @@ class Sandbox:
     @property
     def handler_errors(self) -> list[str]:
         """Exceptions the bridge handler raised that were not ApiError (handler bugs)."""
-        return self._kernel.bridge.errors
+        assert self._bridge is not None
+        return self._bridge.errors
 
     @property
     def api_calls(self) -> int:
-        """How many `apis` requests reached the handler in this sandbox's current kernel."""
-        return self._kernel.bridge.calls
+        """How many `apis` requests reached the handler in this sandbox, restarts included."""
+        assert self._bridge is not None
+        return self._bridge.calls
 
     def set_handler(self, handler: Handler | None) -> None:
         """Attach (or replace) the bridge handler that answers `apis` calls."""
-        self._handler = handler
-        self._kernel.bridge.handler = handler
+        assert self._bridge is not None
+        self._bridge.handler = handler
 
     def alive(self) -> bool:
         """Whether the kernel runs now (a dead one is replaced on the next `execute`)."""
@@ -185,7 +193,6 @@ class Sandbox:
             limits=self.limits,
             uid=self.uid,
             cgroup=self.cgroup,
-            handler=self._handler,
             startup_timeout_s=self.startup_timeout_s,
         )
 
@@ -241,6 +248,8 @@ class Sandbox:
         kernel = getattr(self, "_kernel", None)
         if kernel is not None:
             kernel.kill()
+        if self._bridge is not None:
+            self._bridge.close()
         if self.cgroup is not None:
             self.cgroup.remove()
         remove_directory(self.directory)

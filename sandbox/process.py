@@ -1,9 +1,10 @@
-"""One confined kernel process: its directories, uid, cgroup, bridge and Jupyter channels.
+"""One confined kernel process: its directories, uid, cgroup and Jupyter channels.
 
-`KernelProcess.start()` lays out the sandbox directory, starts the bridge server, launches
-ipykernel through jupyter_client with the isolation chain of `sandbox/isolation.py`, and waits
-until the kernel answers. `kill()` ends the kernel and every process it started. `Sandbox`
-(`sandbox/kernel.py`) drives it; nothing here knows about cells or results.
+`KernelProcess.start()` lays out the sandbox directory, launches ipykernel through
+jupyter_client with the isolation chain of `sandbox/isolation.py`, and waits until the kernel
+answers. `kill()` ends the kernel and every process it started. `Sandbox` (`sandbox/kernel.py`)
+drives it and owns the bridge server, which outlives kernel restarts; nothing here knows about
+cells or results.
 
 On disk, per sandbox (under the sandbox root, `<host pid>-<n>/`):
 
@@ -34,7 +35,7 @@ from typing import Any
 from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from sandbox.bridge import MAX_REQUEST_BYTES, BridgeServer, Handler
+from sandbox.bridge import MAX_REQUEST_BYTES
 from sandbox.cgroups import Cgroup
 from sandbox.isolation import Capabilities, LaunchPlan, kernel_command, kernel_env, write_etc
 from sandbox.limits import Limits
@@ -64,7 +65,6 @@ class KernelProcess:
     directory: Path
     uid: int | None
     cgroup: Cgroup | None
-    bridge: BridgeServer
     manager: KernelManager
     client: BlockingKernelClient
     popen: subprocess.Popen[Any]
@@ -80,14 +80,10 @@ class KernelProcess:
         limits: Limits,
         uid: int | None,
         cgroup: Cgroup | None,
-        handler: Handler | None,
         startup_timeout_s: float,
     ) -> KernelProcess:
         """Launch a kernel in `directory` (its home/ is kept across restarts)."""
         plan = _lay_out(directory, uid, cgroup)
-        bridge = BridgeServer(
-            plan.chan_dir / "bridge.sock", handler, max_request_bytes=MAX_REQUEST_BYTES
-        )
         manager = _manager(plan, kernel_command(caps, limits, plan))
         log_path = directory / "kernel.log"
         try:
@@ -108,10 +104,9 @@ class KernelProcess:
             client = manager.client()
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         except Exception as exc:
-            bridge.close()
             _kill_tree(None, cgroup)
             raise SandboxStartError(f"could not launch the kernel: {exc}") from exc
-        process = cls(directory, uid, cgroup, bridge, manager, client, popen, log_path)
+        process = cls(directory, uid, cgroup, manager, client, popen, log_path)
         try:
             client.wait_for_ready(timeout=startup_timeout_s)
         except (RuntimeError, TimeoutError) as exc:
@@ -129,13 +124,12 @@ class KernelProcess:
             self.manager.interrupt_kernel()
 
     def kill(self) -> None:
-        """End the kernel and everything it started; close channels and the bridge."""
+        """End the kernel and everything it started; close its channels."""
         with contextlib.suppress(Exception):
             self.client.stop_channels()
         _kill_tree(self.popen, self.cgroup)
         with contextlib.suppress(Exception):
             self.manager.cleanup_resources()
-        self.bridge.close()
 
     def exit_reason(self) -> str:
         """Why the kernel process ended, as one phrase."""
@@ -178,6 +172,13 @@ def allocate_uid(number: int) -> int:
     return UID_BASE + (os.getpid() % 1024) * 1024 + number % 1024
 
 
+def bridge_socket(directory: Path) -> Path:
+    """Where a sandbox's bridge listens (in its channel directory, seen by the kernel)."""
+    chan = directory / "chan"
+    chan.mkdir(parents=True, exist_ok=True)
+    return chan / "bridge.sock"
+
+
 def remove_directory(directory: Path) -> None:
     """Delete a sandbox directory (files the kernel made included)."""
     shutil.rmtree(directory, ignore_errors=True)
@@ -190,8 +191,9 @@ def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchP
         if uid is not None:
             os.chown(path, uid, uid)
         path.chmod(0o700)
-    for stale in chan.iterdir():  # sockets of a previous kernel of this sandbox
-        stale.unlink()
+    for stale in chan.iterdir():  # sockets of a previous kernel; the bridge's stays
+        if stale.name != "bridge.sock":
+            stale.unlink()
     plan = LaunchPlan(
         uid=uid,
         home_dir=home,

@@ -243,3 +243,12 @@ def test_a_kernel_that_dies_while_interrupted_is_both_timed_out_and_crashed(sb: 
     assert result.error == "KernelDied: the kernel exited with status 7"
     after = sb.execute("'next'")
     assert after.output.startswith("'next'\n") and "earlier variables are gone" in after.output
+
+
+def test_bridge_records_survive_a_kernel_restart(sb: Sandbox, world: EchoWorld) -> None:
+    sb.execute("apis.phone.crash()")
+    assert sb.execute("import os\nos._exit(1)").crashed
+    result = sb.execute("apis.phone.echo(after='restart')['kwargs']")
+    assert result.output.startswith("{'after': 'restart'}"), result  # the new kernel reaches it
+    assert sb.handler_errors == ["phone.crash: RuntimeError: handler bug"]  # still on record
+    assert sb.api_calls == 2 and len(world.calls) == 2
