@@ -1,14 +1,13 @@
 """Train an agent with LOOP: `python train.py --config configs/<name>.yaml [key=value ...]`.
 
-Thin by design: parse the command line, load the config, build, run. The trainer itself
-(`loop.trainer`) is not part of this version yet; until it is, this command checks its
-arguments and says so instead of pretending to train.
+Thin by design: parse the command line, then `loop.trainer.main` loads the config, builds the
+model, generator, suite and sandboxes, and trains. Running the same command again resumes from
+the run's last checkpoint. Several learner processes: launch with `torchrun` (see README).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -21,14 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.config.is_file():
         parser.error(f"config file not found: {args.config}")
-    if importlib.util.find_spec("loop.trainer") is None:
-        print(
-            "train.py: the trainer (loop.trainer) is not available in this version; "
-            "`python -m sandbox` runs the sandbox tour",
-            file=sys.stderr,
-        )
-        return 2
-    from loop.trainer import main as train_main  # type: ignore[import-not-found]
+    from loop.trainer import main as train_main
 
     return int(train_main(args.config, args.overrides))
 

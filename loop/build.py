@@ -7,6 +7,8 @@ need only the tokenizer on our side, so no second copy of the weights is loaded 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +94,75 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
         mode=config.generator.openai_mode,
     )
     return generator, tokenizer
+
+
+@contextlib.contextmanager
+def build_training(config: RunConfig) -> Iterator[Any]:
+    """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
+    from loop.policy import LoraSettings, load_policy
+    from loop.trainer import TrainParts
+
+    if config.model.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.model.torch_threads)
+    if config.train.deterministic:
+        import torch
+
+        torch.use_deterministic_algorithms(True)
+    import torch
+
+    torch.manual_seed(config.seed)
+    suite = build_suite(config)
+    lora = None
+    if config.model.lora_rank > 0:
+        lora = LoraSettings(
+            rank=config.model.lora_rank,
+            alpha=config.model.lora_alpha,
+            dropout=config.model.lora_dropout,
+            target_modules=config.model.lora_target_modules,
+        )
+    policy = load_policy(
+        config.model.name,
+        dtype=config.model.dtype,
+        device=config.model.device,
+        attn_implementation=config.model.attn_implementation,
+        lora=lora,
+        load_in_4bit=config.model.load_in_4bit,
+        gradient_checkpointing=config.model.gradient_checkpointing,
+    )
+    generator = _training_generator(config, policy, lora)
+    size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
+    try:
+        with build_pool(config, size=size) as pool:
+            yield TrainParts(policy, generator, policy.tokenizer, suite, pool)
+    finally:
+        _close(generator)
+
+
+def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
+    if config.generator.backend == "hf":
+        from loop.generators.hf import HFGenerator
+
+        return HFGenerator(policy, max_batch_size=config.generator.max_batch_size)
+    if config.generator.backend != "vllm":
+        raise ConfigError("training needs generator.backend hf or vllm")
+    from loop.generators.vllm import VLLMGenerator
+
+    return VLLMGenerator(
+        resolve_model(config.model.name),
+        dtype=config.model.dtype,
+        max_model_len=config.generator.max_model_len,
+        gpu_memory_utilization=config.generator.gpu_memory_utilization,
+        enable_lora=lora is not None,
+        max_lora_rank=max(config.model.lora_rank, 1),
+        seed=config.seed,
+    )
+
+
+def _close(generator: Any) -> None:
+    """Close a generator from synchronous code (its own event loop may be gone)."""
+    import asyncio
+
+    with contextlib.suppress(Exception):  # already closed by the trainer's own loop
+        asyncio.run(generator.close())

@@ -83,6 +83,53 @@ class EvalConfig:
     rollouts_per_task: int = 1  # K for pass@k
     limit: int | None = None  # evaluate only the first N tasks of the split
     max_concurrent_rollouts: int = 8
+    temperature: float | None = None  # sampling temperature (None: agent.temperature)
+
+
+@dataclass
+class TrainConfig:
+    """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults)."""
+
+    iterations: int = 200  # RL iterations (each: collect, learn, sync)
+    split: str = "train"  # the suite split tasks are drawn from
+    max_difficulty: int | None = None  # keep only tasks up to this difficulty (paper: 2)
+    tasks_per_iteration: int = 40  # N: tasks drawn per iteration (without replacement)
+    rollouts_per_task: int = 6  # K: i.i.d. rollouts of each task
+    max_concurrent_rollouts: int = 8  # rollouts in flight at once
+    rollouts_fraction: float = 0.9  # straggler cut-off: stop once this share of rollouts is done
+    min_rollouts_per_task: int = 4  # ... and every task has at least this many
+    reward: Literal["fraction", "success"] = "fraction"  # fraction of tests passed, or all passed
+    advantage: Literal["loo", "grpo", "turn", "reinforce"] = "loo"
+    normalize_advantage: bool = False  # loo only: divide by the group std ("LOOP RwNorm")
+    turn_coef: float = 1.0  # advantage turn: weight of the turn-level advantage (MT-GRPO)
+    adv_threshold: float = 0.01  # drop rollouts with |A| below this before learning
+    loss: Literal["ppo", "reinforce"] = "ppo"  # clipped surrogate, or REINFORCE without clipping
+    ratio_level: Literal["token", "turn", "trajectory"] = "token"  # importance-weight granularity
+    clip_eps: float = 0.1  # PPO epsilon
+    clip_lower: Literal["reciprocal", "symmetric"] = "reciprocal"  # [1/(1+eps), 1+eps] or 1-eps
+    epochs: int = 2  # passes over the kept rollouts per iteration
+    minibatch_size: int = 32  # rollouts per optimizer step (the loss is divided by this)
+    micro_batch_size: int = 1  # rollouts per forward pass (gradient accumulation in between)
+    strictly_on_policy: bool = False  # one epoch, one minibatch of everything (RLOO / GRPO)
+    lr: float = 5e-5  # AdamW, constant schedule stepped once per iteration
+    weight_decay: float = 0.01
+    max_grad_norm: float = 0.1  # global L2 clip (the reference code; the paper says 1.0)
+    kl_threshold: float = 20.0  # |k1| above this skips the rest of the iteration
+    max_nan_steps: int = 20  # abort the run after this many skipped non-finite steps
+    max_seq_len: int = 32_000  # longer rollouts are truncated for learning (and counted)
+    logprob_chunk_size: int = 1024  # positions per LM-head chunk in the log-prob computation
+    logprob_diff_threshold: float | None = None  # abort if max |learner - sampler| exceeds it
+    stress_test: bool = True  # forward+backward of a max_seq_len rollout before iteration 0
+    horizon_start: int | None = None  # turn limit of iteration 0 (None: agent.max_turns)
+    horizon_step: int = 0  # ScalingInter-RL: the turn limit grows by this ...
+    horizon_every: int = 1  # ... every this many iterations, up to agent.max_turns
+    eval_every: int = 5  # evaluate on eval.split before every n-th iteration (0: never)
+    checkpoint_every: int = 1  # save every n iterations (and after the last)
+    keep_checkpoints: int = 3  # keep the last n checkpoints
+    save_rollouts: bool = True  # write every rollout to rollouts/iter-N.jsonl.gz
+    tensorboard: bool = True
+    wandb_project: str | None = None  # log to Weights & Biases too (needs wandb installed)
+    deterministic: bool = False  # torch deterministic algorithms (reproducible on CPU)
 
 
 @dataclass
@@ -98,6 +145,7 @@ class RunConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -212,6 +260,50 @@ def _check_values(config: RunConfig) -> None:
         raise ConfigError("generator.backend openai needs generator.base_url and served_model")
     if config.agent.max_new_tokens >= config.agent.max_context_tokens:
         raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
+    _check_train(config.train)
+
+
+def _check_train(train: TrainConfig) -> None:
+    positive = {
+        "train.iterations": train.iterations,
+        "train.tasks_per_iteration": train.tasks_per_iteration,
+        "train.rollouts_per_task": train.rollouts_per_task,
+        "train.max_concurrent_rollouts": train.max_concurrent_rollouts,
+        "train.epochs": train.epochs,
+        "train.minibatch_size": train.minibatch_size,
+        "train.micro_batch_size": train.micro_batch_size,
+        "train.lr": train.lr,
+        "train.max_grad_norm": train.max_grad_norm,
+        "train.kl_threshold": train.kl_threshold,
+        "train.max_seq_len": train.max_seq_len,
+        "train.logprob_chunk_size": train.logprob_chunk_size,
+        "train.clip_eps": train.clip_eps,
+        "train.horizon_every": train.horizon_every,
+        "train.checkpoint_every": train.checkpoint_every,
+        "train.keep_checkpoints": train.keep_checkpoints,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if not 0 < train.rollouts_fraction <= 1:
+        raise ConfigError(
+            f"train.rollouts_fraction: must be in (0, 1], got {train.rollouts_fraction}"
+        )
+    if not 1 <= train.min_rollouts_per_task <= train.rollouts_per_task:
+        raise ConfigError(
+            f"train.min_rollouts_per_task: must be in [1, rollouts_per_task="
+            f"{train.rollouts_per_task}], got {train.min_rollouts_per_task}"
+        )
+    if train.advantage != "reinforce" and train.rollouts_per_task < 2:
+        raise ConfigError(f"train.rollouts_per_task: advantage {train.advantage} needs K >= 2")
+    if train.micro_batch_size > train.minibatch_size:
+        raise ConfigError("train.micro_batch_size must not exceed train.minibatch_size")
+    if train.adv_threshold < 0 or train.eval_every < 0 or train.horizon_step < 0:
+        raise ConfigError("train.adv_threshold, eval_every and horizon_step must be >= 0")
+    if train.strictly_on_policy and train.epochs != 1:
+        raise ConfigError("train.strictly_on_policy needs train.epochs=1 (one on-policy pass)")
+    if train.horizon_start is not None and train.horizon_start < 1:
+        raise ConfigError(f"train.horizon_start: must be >= 1, got {train.horizon_start}")
 
 
 def _first_line(exc: Exception) -> str:

@@ -10,6 +10,7 @@ line, appended as each finishes, so an interrupted evaluation keeps what it comp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -55,6 +56,9 @@ async def run_evaluation(
     if config.eval.limit is not None:
         tasks = tasks[: config.eval.limit]
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
+    settings = config.agent
+    if config.eval.temperature is not None:
+        settings = dataclasses.replace(settings, temperature=config.eval.temperature)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     rollouts_path = out_dir / "rollouts.jsonl"
@@ -78,7 +82,7 @@ async def run_evaluation(
 
         trajectories = await collect_rollouts(
             jobs, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
-            settings=config.agent, example=list(worked_example(suite)),
+            settings=settings, example=list(worked_example(suite)),
             max_concurrent=config.eval.max_concurrent_rollouts, on_done=record,
         )  # fmt: skip
     progress.close()

@@ -15,6 +15,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from statistics import mean
+from typing import Any
 
 from loop.trajectory import Trajectory
 
@@ -87,3 +88,44 @@ def _by_difficulty(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         out[f"eval/difficulty_{difficulty}/reward_mean"] = mean(t.reward or 0.0 for t in group)
         out[f"eval/difficulty_{difficulty}/rollouts"] = len(group)
     return out
+
+
+def rollout_metrics(
+    groups: Sequence[Sequence[Trajectory]], credit: Any, discarded: int, samples: Sequence[Any]
+) -> dict[str, float]:
+    """Namespaced metrics (`rollout/...`) of one training iteration's rollouts.
+
+    `credit` is the iteration's `loop.credit.Credit` (flattened in group order), `discarded`
+    the rollouts cancelled by the straggler cut-off, `samples` what this process trains on.
+    """
+    flat = [traj for group in groups for traj in group]
+    if not flat:
+        return {"rollout/count": 0.0, "rollout/discarded": float(discarded)}
+    scored = [t for t, present in zip(flat, credit.present, strict=True) if present]
+    statuses = Counter(t.status for t in flat)
+    present_count = sum(credit.present)
+    metrics: dict[str, float] = {
+        "rollout/count": len(flat),
+        "rollout/discarded": discarded,
+        "rollout/tasks": len(groups),
+        "rollout/reward_mean": mean(t.reward or 0.0 for t in scored) if scored else math.nan,
+        "rollout/success_rate": mean(bool(t.success) for t in scored) if scored else math.nan,
+        "rollout/attained_return_1": mean(any(t.reward == 1.0 for t in group) for group in groups),
+        "rollout/infra_failures": credit.excluded,
+        "rollout/groups_dropped": credit.groups_dropped,
+        "rollout/kept": sum(credit.keep),
+        "rollout/filtered_fraction": 1 - sum(credit.keep) / present_count if present_count else 0,
+        "rollout/turns_mean": mean(len(t.turns) for t in flat),
+        "rollout/output_tokens_mean": mean(sum(t.is_output) for t in flat),
+        "rollout/tokens_max": max(len(t.tokens) for t in flat),
+        "rollout/truncated": sum(s.truncated for s in samples),
+        "rollout/api_calls_mean": mean(sum(len(turn.api_calls) for turn in t.turns) for t in flat),
+    }
+    for status, count in statuses.items():
+        metrics[f"rollout/status/{status}"] = count
+    by_difficulty: dict[int, list[bool]] = defaultdict(list)
+    for traj in scored:
+        by_difficulty[traj.difficulty].append(bool(traj.success))
+    for difficulty, successes in sorted(by_difficulty.items()):
+        metrics[f"rollout/success_rate/d{difficulty}"] = mean(successes)
+    return metrics

@@ -106,7 +106,14 @@ def build_messages(task_context: str, example: list[dict[str, str]]) -> list[dic
 
 @functools.cache
 def worked_example(suite: Any) -> tuple[dict[str, str], ...]:
-    """The example's turns with real observations, computed once per suite."""
+    """The example's turns with real observations, computed once per suite.
+
+    A suite with its own demonstration provides `example_messages()` (alternating assistant
+    and user messages, ending with the assistant's `complete_task`); otherwise the built-in
+    world's example is run against `suite.world`.
+    """
+    if hasattr(suite, "example_messages"):
+        return tuple(suite.example_messages())
     world = suite.world
     user = next(p for p in world.society.people if len(world.society.related(p.id, "manager")) == 1)
     server = AppServer(world.template.fork(), user.id, world.now)

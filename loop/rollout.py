@@ -40,8 +40,14 @@ async def collect_rollouts(
     example: list[dict[str, str]],
     max_concurrent: int,
     on_done: Callable[[Trajectory], None] | None = None,
+    enough: Callable[[list[Trajectory]], bool] | None = None,
 ) -> list[Trajectory]:
-    """Run every job; results come back in job order. `on_done` sees each as it finishes."""
+    """Run the jobs; the finished rollouts come back in job order.
+
+    `on_done` sees each rollout as it finishes. `enough` (the straggler cut-off) is asked after
+    each one with all finished so far; once it says True, the rollouts still running are
+    cancelled, their sandboxes released, and they are left out of the result.
+    """
     slots = asyncio.Semaphore(max_concurrent)
 
     async def run(job: RolloutJob) -> Trajectory:
@@ -51,7 +57,22 @@ async def collect_rollouts(
             on_done(traj)
         return traj
 
-    return list(await asyncio.gather(*(run(job) for job in jobs)))
+    tasks = [asyncio.ensure_future(run(job)) for job in jobs]
+    finished: dict[int, Trajectory] = {}
+    index = {task: i for i, task in enumerate(tasks)}
+    pending: set[asyncio.Future[Trajectory]] = set(tasks)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                finished[index[task]] = task.result()
+            if enough is not None and pending and enough(list(finished.values())):
+                break
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return [finished[i] for i in sorted(finished)]
 
 
 async def _rollout(

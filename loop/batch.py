@@ -1,0 +1,109 @@
+"""From finished rollouts to what the learner trains on: one `Sample` of tensors per rollout.
+
+A sample keeps the rollout's flat token sequence and its loss mask exactly as collected
+(loop/trajectory.py): `is_output` is True only for ids the policy sampled, so the prompt, the
+chat-template glue and every observation get no gradient. The advantage is stored per token so
+that trajectory-level credit (one scalar broadcast to all output tokens, the paper's default)
+and turn-level credit (MT-GRPO) share one code path. `turn_ids` names each output token's turn
+for per-turn importance weights.
+
+Rollouts longer than `max_seq_len` are cut to their first `max_seq_len` tokens and still
+trained on (as the reference code does); the cut is counted by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from loop.trajectory import Trajectory
+
+
+@dataclass
+class Sample:
+    """One rollout, ready for the learner. All tensors are (T,) on the CPU."""
+
+    tokens: Tensor  # int64
+    is_output: Tensor  # bool: the loss mask
+    sampler_logprobs: Tensor  # float32, NaN where not output (or the backend gave none)
+    turn_ids: Tensor  # int64: the turn of each output token, -1 elsewhere
+    advantages: Tensor  # float32: the advantage each token is trained with (0 off the mask)
+    truncated: bool = False
+    old_logprobs: Tensor | None = None  # float32, set by the learner's recompute step
+
+    @property
+    def num_output_tokens(self) -> int:
+        """How many tokens of this rollout are trained."""
+        return int(self.is_output.sum())
+
+
+def make_sample(traj: Trajectory, turn_advantages: Sequence[float], max_seq_len: int) -> Sample:
+    """A `Sample` of `traj` whose turn t's output tokens carry `turn_advantages[t]`.
+
+    For trajectory-level credit pass the same advantage for every turn.
+    """
+    if len(turn_advantages) < len(traj.turns):
+        raise ValueError(f"{len(turn_advantages)} turn advantages for {len(traj.turns)} turns")
+    length = min(len(traj.tokens), max_seq_len)
+    tokens = torch.tensor(traj.tokens[:length], dtype=torch.long)
+    is_output = torch.tensor(traj.is_output[:length], dtype=torch.bool)
+    sampler = torch.tensor(
+        [math.nan if x is None else x for x in traj.sampler_logprobs[:length]],
+        dtype=torch.float32,
+    )
+    turn_ids = torch.full((length,), -1, dtype=torch.long)
+    advantages = torch.zeros(length, dtype=torch.float32)
+    for index, turn in enumerate(traj.turns):
+        start, end = min(turn.output_start, length), min(turn.output_end, length)
+        turn_ids[start:end] = index
+        advantages[start:end] = float(turn_advantages[index])
+    turn_ids[~is_output] = -1
+    advantages[~is_output] = 0.0
+    return Sample(tokens, is_output, sampler, turn_ids, advantages, len(traj.tokens) > length)
+
+
+@dataclass
+class Batch:
+    """Samples right-padded to one length: every tensor is (B, T_max)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    is_output: Tensor
+    advantages: Tensor
+    turn_ids: Tensor
+    old_logprobs: Tensor | None
+    sampler_logprobs: Tensor
+
+
+def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Batch:
+    """Right-pad `samples` into one batch (padding is masked out of attention and loss)."""
+    if not samples:
+        raise ValueError("cannot collate an empty list of samples")
+    width = max(len(s.tokens) for s in samples)
+
+    def pad(name: str, value: float | int | bool) -> Tensor:
+        rows = []
+        for sample in samples:
+            row = getattr(sample, name)
+            filler = torch.full((width - len(row),), value, dtype=row.dtype)
+            rows.append(torch.cat([row, filler]))
+        return torch.stack(rows).to(device)
+
+    lengths = torch.tensor([len(s.tokens) for s in samples])
+    attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long().to(device)
+    old = None
+    if all(s.old_logprobs is not None for s in samples):
+        old = pad("old_logprobs", 0.0)
+    return Batch(
+        input_ids=pad("tokens", pad_id),
+        attention_mask=attention_mask,
+        is_output=pad("is_output", False),
+        advantages=pad("advantages", 0.0),
+        turn_ids=pad("turn_ids", -1),
+        old_logprobs=old,
+        sampler_logprobs=pad("sampler_logprobs", math.nan),
+    )

@@ -1,0 +1,154 @@
+"""Checkpoints: written atomically, the last n kept, the newest complete one found on resume.
+
+Layout of `runs/<name>/checkpoints/iter-N/` (N = iterations completed):
+
+    adapter/            the LoRA adapter in PEFT format (vLLM loads it as a LoRA module), or
+    model/              the full weights in Hugging Face format (full fine-tuning)
+    trainer_state.pt    optimizer, schedule, step counters, task sampler, RNG states, counters
+
+A checkpoint is written to a hidden sibling directory and renamed into place, so `iter-N`
+either exists complete or not at all; a SIGKILL mid-write leaves only a `.tmp-*` directory,
+which the next save removes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "trainer_state.pt"
+_NAME = re.compile(r"^iter-(\d+)$")
+
+
+def save_weights(model: Any, path: Path) -> None:
+    """The trainable weights in Hugging Face / PEFT format under `path` (a new directory).
+
+    With several processes (FSDP) every rank must call it: the shards are gathered to rank 0,
+    which writes (only the adapter's tensors for a LoRA model); the others wait.
+    """
+    from transformers.utils import logging as hf_logging
+
+    from loop import distributed
+
+    state = None
+    if distributed.is_distributed():
+        state = distributed.full_state_dict(model, trainable_only=hasattr(model, "peft_config"))
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar between iteration lines
+    try:
+        if state is None:
+            model.save_pretrained(str(path), safe_serialization=True)
+        elif distributed.is_main():
+            model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+    finally:
+        hf_logging.enable_progress_bar()
+    distributed.barrier()
+
+
+def load_weights(model: Any, checkpoint: Path) -> None:
+    """Load what `save_weights` wrote in `checkpoint` into `model` (adapter or full weights)."""
+    from safetensors.torch import load_file
+
+    adapter = checkpoint / "adapter" / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(str(adapter)))
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ValueError(f"{checkpoint}: adapter does not match the model ({unexpected[0]})")
+        return
+    full = checkpoint / "model" / "model.safetensors"
+    if full.is_file():
+        model.load_state_dict(load_file(str(full)), strict=False)
+        return
+    if (checkpoint / "model").is_dir():
+        from transformers.modeling_utils import load_sharded_checkpoint
+
+        load_sharded_checkpoint(model, str(checkpoint / "model"))
+        return
+    raise FileNotFoundError(f"{checkpoint}: neither adapter/ nor model/ weights found")
+
+
+def save_checkpoint(
+    root: Path, iteration: int, model: Any, state: dict[str, Any], keep: int
+) -> Path:
+    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints."""
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    final = root / f"iter-{iteration}"
+    tmp = root / f".tmp-iter-{iteration}-{os.getpid()}"
+    tmp.mkdir()
+    is_lora = hasattr(model, "peft_config")
+    save_weights(model, tmp / ("adapter" if is_lora else "model"))
+    state = {**state, "iteration": iteration, "rng": rng_state()}
+    torch.save(state, tmp / STATE_FILE)
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and (path / STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    checkpoints = list_checkpoints(root)
+    return checkpoints[-1] if checkpoints else None
+
+
+def load_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer state of `checkpoint` (RNG states restored by `restore_rng`)."""
+    return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python's and torch's global RNG states."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back what `rng_state` returned."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(path: Path) -> None:
+    for item in path.rglob("*"):
+        if item.is_file():
+            with item.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

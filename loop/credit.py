@@ -1,0 +1,108 @@
+"""Credit assignment for one iteration: rewards of grouped rollouts -> an advantage per turn.
+
+The glue between trajectories and the pure math of loop/advantages.py: pack the groups (the K
+rollouts of each drawn task) into padded (G, K) tensors, call the configured estimator, filter
+by |A|, and unpack. Rollouts that failed for an infrastructure reason, or were not scored, are
+"not present": excluded from the baseline of their group and from learning, and counted.
+
+`turn_rewards` is the one named per-turn reward used by the turn-level (MT-GRPO) estimator: a
+turn earns 1.0 when its code ran without an error, a timeout or a crash and every API call it
+made succeeded; 0.0 otherwise (including a turn with no code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loop.advantages import (
+    compute_group_advantages,
+    compute_loo_advantages,
+    compute_reinforce_advantages,
+    compute_turn_advantages,
+    filter_by_magnitude,
+)
+from loop.trajectory import Trajectory
+
+
+@dataclass
+class Credit:
+    """Per-rollout results, parallel to the flattened groups."""
+
+    turn_advantages: list[list[float]]  # the advantage of each turn of each rollout
+    magnitude: list[float]  # max |A| over the rollout's turns (the filter's key)
+    keep: list[bool]  # trained on this iteration
+    present: list[bool]  # scored and not an infrastructure failure
+    groups_dropped: int  # groups left with fewer survivors than the estimator needs
+    excluded: int  # rollouts not present
+
+
+def rollout_reward(traj: Trajectory, kind: str) -> float:
+    """The training reward: the fraction of tests passed, or 1.0/0.0 for success."""
+    if kind == "success":
+        return float(bool(traj.success))
+    return float(traj.reward or 0.0)
+
+
+def turn_rewards(traj: Trajectory) -> list[float]:
+    """1.0 for a turn whose code ran cleanly and whose API calls all succeeded, else 0.0."""
+    rewards = []
+    for turn in traj.turns:
+        clean = turn.code is not None and not (turn.error or turn.timed_out or turn.crashed)
+        calls_ok = all(call.get("ok", call.get("error") is None) for call in turn.api_calls)
+        rewards.append(1.0 if clean and calls_ok else 0.0)
+    return rewards
+
+
+def assign_credit(
+    groups: list[list[Trajectory]],
+    *,
+    method: str,
+    reward: str,
+    threshold: float,
+    normalize: bool = False,
+    turn_coef: float = 1.0,
+) -> Credit:
+    """Advantages for every rollout of every group (method: loo, grpo, turn or reinforce)."""
+    width = max((len(g) for g in groups), default=0)
+    shape = (len(groups), width)
+    rewards = torch.zeros(shape, dtype=torch.float64)
+    present = torch.zeros(shape, dtype=torch.bool)
+    max_turns = max((len(t.turns) for g in groups for t in g), default=0) or 1
+    turn_r = torch.zeros((*shape, max_turns), dtype=torch.float64)
+    turn_mask = torch.zeros((*shape, max_turns), dtype=torch.bool)
+    for g, group in enumerate(groups):
+        for k, traj in enumerate(group):
+            present[g, k] = not traj.infra_failure and traj.reward is not None
+            rewards[g, k] = rollout_reward(traj, reward)
+            per_turn = turn_rewards(traj)
+            turn_r[g, k, : len(per_turn)] = torch.tensor(per_turn, dtype=torch.float64)
+            turn_mask[g, k, : len(per_turn)] = True
+    if method == "turn":
+        out = compute_turn_advantages(rewards, turn_r, present, turn_mask, turn_coef=turn_coef)
+        per_turn_adv, valid, kept_groups = out.turn_advantages, out.valid, out.kept_groups
+        magnitude = per_turn_adv.abs().masked_fill(~turn_mask, 0).amax(dim=-1)
+    else:
+        if method == "loo":
+            adv = compute_loo_advantages(rewards, present, normalize_std=normalize)
+        elif method == "grpo":
+            adv = compute_group_advantages(rewards, present)
+        elif method == "reinforce":
+            adv = compute_reinforce_advantages(rewards, present)
+        else:
+            raise ValueError(f"unknown advantage estimator {method!r}")
+        valid, kept_groups = adv.valid, adv.kept_groups
+        per_turn_adv = adv.advantages[..., None].expand(*shape, max_turns)
+        magnitude = adv.advantages.abs()
+    signed = torch.where(valid, magnitude, torch.zeros_like(magnitude))
+    keep = filter_by_magnitude(signed, valid, threshold)
+    credit = Credit([], [], [], [], int((~kept_groups).sum()), 0)
+    for g, group in enumerate(groups):
+        for k, traj in enumerate(group):
+            credit.turn_advantages.append(per_turn_adv[g, k, : max(len(traj.turns), 1)].tolist())
+            credit.magnitude.append(float(magnitude[g, k]))
+            credit.keep.append(bool(keep[g, k]))
+            credit.present.append(bool(present[g, k]))
+            credit.excluded += not bool(present[g, k])
+    return credit

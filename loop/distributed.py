@@ -1,0 +1,191 @@
+"""Multi-process helpers: every function is a no-op (or the identity) in a single process.
+
+The trainer calls these at its edges; with one process nothing here touches torch.distributed.
+
+Several learner processes are started by a launcher that sets the usual environment (`RANK`,
+`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), either of
+
+    torchrun --nproc-per-node 2 train.py --config configs/<name>.yaml
+    accelerate launch --num-processes 2 train.py --config configs/<name>.yaml
+
+`init_from_env` then joins the process group (nccl on GPUs, one GPU per process chosen by
+`LOCAL_RANK`; gloo on CPU) and `shard_model` shards the policy with FSDP2, PyTorch's
+`fully_shard`, the engine under accelerate's `fsdp_version: 2`. We call it directly rather than
+through `Accelerator.prepare` because accelerate enables FSDP only for GPU-type processes (CPU
+processes get plain data parallelism, so the 2-process CPU test could not exercise sharding),
+and because `prepare` wants to own the optimizer and the backward call, which live in
+loop/learner.py. The wrapping follows accelerate's FSDP2 policy and the reference's (loop_spec.md
+section 7.4): one group per decoder layer (LoRA adapters included), resharded after forward;
+the input and output embeddings in one group kept gathered from forward to backward; gradients
+reduced in float32 and averaged over processes.
+
+Trap: the learner never calls the model's top-level `forward`. `loop.logprobs.token_logprobs`
+runs the transformer body and then the LM head on chunks of positions, so the FSDP root is the
+body, and the LM head's group (which holds the input embedding too, so that it joins the body's
+FSDP tree and tied weights stay one parameter) is used in those later chunk calls, the
+"chunked loss" pattern FSDP2 supports. The full forward (`model(...)`) still works.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group of more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    """The number of learner processes (1 without a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def is_main() -> bool:
+    """True on rank 0: the process that collects rollouts, logs and writes checkpoints."""
+    return rank() == 0
+
+
+def all_true(flag: bool) -> bool:
+    """True when `flag` holds on every process."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([0 if flag else 1], dtype=torch.int64, device=_device())
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return int(value.item()) == 0
+
+
+def all_gather_cat(tensor: Tensor) -> Tensor:
+    """The 1-D tensors of every process, concatenated in rank order (sizes may differ)."""
+    if not is_distributed():
+        return tensor
+    objects: list[Any] = [None] * world_size()
+    dist.all_gather_object(objects, tensor.detach().cpu())
+    return torch.cat(objects)
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every process."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every process."""
+    if is_distributed():
+        dist.barrier()
+
+
+def init_from_env() -> bool:
+    """Join the process group a launcher describes in the environment; True when distributed.
+
+    Does nothing (and returns False) without `WORLD_SIZE` > 1, and nothing twice. On a machine
+    with CUDA each process takes the GPU `LOCAL_RANK` and talks nccl; on CPU, gloo. Call it
+    before the model is loaded, so that `device="cuda"` means this process's GPU.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return is_distributed()
+
+
+def shutdown() -> None:
+    """Leave the process group (a no-op without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_model(model: Any) -> Any:
+    """Shard `model` in place with FSDP2 across the process group; the identity in one process.
+
+    `model` is a transformers causal LM or a peft model wrapping one, on this process's device.
+    Rank 0's trainable parameters are broadcast first (`fully_shard` keeps each rank's own slice
+    of its local tensor, so the ranks must agree; a seeded LoRA init already does). Afterwards
+    every parameter is a DTensor holding this rank's shard: build the optimizer after this call,
+    and gather with `full_state_dict` to save.
+    """
+    if not is_distributed():
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = causal_lm.base_model  # what token_logprobs runs: the FSDP root
+    embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
+    if body is causal_lm or embed is None or head is None:
+        raise ValueError(f"cannot shard {type(causal_lm).__name__}: not a *ForCausalLM model")
+    _broadcast_trainable(model)
+    # Gradients are reduced in float32 (the reference's policy) and parameters computed in the
+    # dtype they are stored in: a bfloat16 base with float32 LoRA weights stays just that.
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    for layer in _decoder_layers(causal_lm, body):
+        fully_shard(layer, mp_policy=policy)
+    # One group for both embeddings: tied weights must be (one parameter, one group), and the
+    # embedding, run inside the body, puts the head's group under the body's root.
+    fully_shard([embed, head], mp_policy=policy, reshard_after_forward=False)
+    fully_shard(body, mp_policy=policy)
+    return model
+
+
+def full_state_dict(model: Any, *, trainable_only: bool = False) -> dict[str, Tensor]:
+    """The whole (unsharded) state dict on rank 0, on the CPU; `{}` on the other ranks.
+
+    Collective under FSDP: every rank must call it. `trainable_only` keeps only parameters with
+    `requires_grad` (the LoRA adapter), which is all a LoRA checkpoint or a vLLM sync needs.
+    Keys are the model's own (`model.state_dict()`), so peft's `save_pretrained(state_dict=)`
+    and `set_peft_model_state_dict` understand them.
+    """
+    if not is_distributed():
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        return {
+            name: value.detach().cpu().clone()
+            for name, value in model.state_dict().items()
+            if not trainable_only or name in trainable
+        }
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
+    )
+    state: dict[str, Tensor] = get_model_state_dict(model, options=options)
+    return state if is_main() else {}
+
+
+def _decoder_layers(causal_lm: Any, body: nn.Module) -> list[nn.Module]:
+    """The repeated blocks, found as transformers' own FSDP/device-map unit (`_no_split_modules`)."""
+    names = set(getattr(causal_lm, "_no_split_modules", None) or ())
+    layers = [m for m in body.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"cannot shard {type(causal_lm).__name__}: no decoder layers found "
+            f"(_no_split_modules={sorted(names)})"
+        )
+    return layers
+
+
+def _broadcast_trainable(model: nn.Module) -> None:
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                dist.broadcast(param.data, src=0)
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

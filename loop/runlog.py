@@ -1,0 +1,77 @@
+"""Where a run's numbers go: `metrics.jsonl`, TensorBoard, optionally Weights & Biases.
+
+One `RunLog` per run, written by the main process only. Every record is one JSON line with the
+iteration and namespaced keys (`rollout/reward_mean`, `loss/clipfrac`, `time/learn_s`, ...);
+TensorBoard gets the same scalars. `summary_line` is the one-line report printed per iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunLog:
+    """Appends metrics to `<run_dir>/metrics.jsonl` and the configured dashboards."""
+
+    def __init__(
+        self, run_dir: Path, *, tensorboard: bool, wandb_project: str | None, config: dict[str, Any]
+    ):
+        self.path = run_dir / "metrics.jsonl"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._writer: Any = None
+        self._wandb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise RuntimeError(
+                    "train.wandb_project is set but wandb is not installed: pip install wandb"
+                ) from None
+            self._wandb = wandb.init(project=wandb_project, name=run_dir.name, config=config)
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> None:
+        """One record for `iteration` (non-finite values are written as null)."""
+        record = {"iteration": iteration, "time": time.time()}
+        record.update({k: (v if math.isfinite(v) else None) for k, v in metrics.items()})
+        with self.path.open("a") as sink:
+            sink.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key, value in metrics.items():
+                if math.isfinite(value):
+                    self._writer.add_scalar(key, value, iteration)
+            self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=iteration)
+
+    def close(self) -> None:
+        """Flush and close the dashboards."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def summary_line(iteration: int, total: int, m: dict[str, float]) -> str:
+    """`iter 3/10 | reward 0.52 success 0.10 | kept 12/24 ... | rollout 120s learn 30s ...`."""
+
+    def f(key: str, spec: str = ".3f") -> str:
+        value = m.get(key, math.nan)
+        return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+    return (
+        f"iter {iteration + 1}/{total} | reward {f('rollout/reward_mean')} "
+        f"success {f('rollout/success_rate')} | kept {f('rollout/kept', '.0f')}/"
+        f"{f('rollout/count', '.0f')} (filtered {f('rollout/filtered_fraction', '.2f')}) | "
+        f"clip {f('loss/clipfrac')} kl {f('loss/kl_k1', '.4f')} "
+        f"gnorm {f('loss/grad_norm')} | {f('throughput/generated_tokens_per_s', '.1f')} tok/s | "
+        f"rollout {f('time/rollout_s', '.0f')}s learn {f('time/learn_s', '.0f')}s "
+        f"sync {f('time/sync_s', '.0f')}s"
+    )

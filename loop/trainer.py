@@ -1,0 +1,454 @@
+"""The LOOP trainer: `python train.py --config configs/<name>.yaml [key=value ...]`.
+
+`train()` is the algorithm, one iteration written once as numbered steps; everything else in
+this file is a helper with one call site. What "LOOP" means here, relative to the paper
+(Chen et al. 2025, arXiv 2502.01600, [P]) and its reference code (apple/ml-loop, [C]):
+
+- Rollouts: K i.i.d. rollouts per task at temperature 1 with the current weights, token in and
+  token out ([P] section 4.1, [C]); tasks drawn without replacement from a seeded sampler,
+  reshuffled when exhausted ([C]; [C] leaves its sampler unseeded, we seed it to resume).
+- Straggler cut-off: collection stops once `rollouts_fraction` of the rollouts are done and
+  every task has `min_rollouts_per_task`; the rest are cancelled and discarded ([P] App. D, [C]).
+- Reward: the fraction of the task's unit tests passed ([P], [C]); `reward: success` trains on
+  the binary outcome instead. No shaping: no penalty for missing code or failed execution
+  ([C]'s penalties default to 0).
+- Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
+  normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
+  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline). Rollouts that
+  failed for an infrastructure reason are excluded and the group is re-baselined over the
+  survivors; a group with fewer than 2 is dropped; both are counted (our addition: [C] has no
+  infrastructure statuses).
+- Filter: rollouts with |A| < `adv_threshold` (0.01) are not trained on ([P] App. D, [C]). With
+  several processes the kept count is rounded up to a multiple of the world size with the next
+  largest |A| ([C]).
+- Old log-probs: recomputed by the learner in eval mode and used in the ratio; the sampler's
+  are kept only for the parity statistics `recompute/*` ([P] App. D, [C]).
+- Loss: per-token clipped surrogate, the mean over a rollout's output tokens, summed over the
+  minibatch and divided by `minibatch_size` ([P] Eq. 10, [C] `pg_per_token`). Clip band
+  [1/(1+eps), 1+eps] with eps 0.1 as in [C]; `clip_lower: symmetric` gives [P]'s [1-eps, 1+eps].
+  `ratio_level: turn | trajectory` give [P]'s per-turn and per-trajectory ("bandit") variants;
+  `loss: reinforce` drops the clipping (RLOO when on-policy).
+- Mask: only tokens the policy sampled are trained, including its stop token; prompts,
+  observations and chat-template glue are not ([C] section 1.3).
+- Epochs and minibatches: 2 epochs of minibatches of 32 rollouts shuffled across tasks, one
+  rollout per forward pass by default ([C]); `strictly_on_policy` runs one minibatch of
+  everything (RLOO/GRPO mode).
+- Guards: global grad-norm clip at 0.1 ([C]; [P] says 1.0); the rest of an iteration is
+  skipped when |k1| of the minibatch exceeds 20 ([C]); a non-finite loss skips the step and the
+  iteration, and the run aborts after 20 of them ([C]).
+- KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]).
+- Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
+- Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
+  generator samples with the training model itself; `vllm` gets the new adapter after every
+  iteration (hot-loaded, as [C] does).
+- Evaluation: on `eval.split` before every `eval_every`-th iteration, so iteration 0 evaluates
+  the base model ([C]), through the same code as evaluate.py.
+- Horizon: the turn limit can grow during training (ScalingInter-RL; off by default).
+- Checkpoints (our addition to [C], which saves no optimizer state): adapter, optimizer,
+  schedule, sampler and RNG state, so a killed run resumes where its last iteration ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gzip
+import json
+import logging
+import math
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from loop import checkpoint, distributed
+from loop.batch import Sample, make_sample
+from loop.config import ConfigError, RunConfig, TrainConfig, load_config
+from loop.credit import Credit, assign_credit
+from loop.evaluation import run_evaluation
+from loop.learner import Learner, LearnStats
+from loop.metrics import rollout_metrics
+from loop.prompt import worked_example
+from loop.rollout import RolloutJob, collect_rollouts
+from loop.runlog import RunLog, summary_line
+from loop.sampler import TaskSampler
+from loop.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainParts:
+    """What the trainer runs on, built from the config by loop/build.py (or by a test)."""
+
+    policy: Any  # loop.policy.Policy: the one model copy the learner trains
+    generator: Any  # loop.generators.base.Generator
+    tokenizer: Any
+    suite: Any  # tasks.core.TaskSuite
+    pool: Any  # sandbox.KernelPool (entered)
+
+
+def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -> dict[str, float]:
+    """Run LOOP for `config.train.iterations` (resuming if the run has a checkpoint)."""
+    check_trainable(config)
+
+    async def run() -> dict[str, float]:
+        try:
+            return await _train(config, parts, show_progress)
+        finally:
+            await parts.generator.close()  # on the loop it ran on (vLLM binds to one loop)
+
+    return asyncio.run(run())
+
+
+async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> dict[str, float]:
+    cfg, run_dir = config.train, config.run_dir
+    sampler = TaskSampler(training_tasks(parts.suite, cfg), seed=config.seed)
+    learner = build_learner(config, parts.policy)
+    start = resume(run_dir, parts.policy, learner, sampler)
+    runlog = open_run(config, run_dir, start) if distributed.is_main() else None
+    if cfg.stress_test and start == 0:
+        stress_test(learner, cfg.max_seq_len)
+    metrics: dict[str, float] = {}
+    for iteration in range(start, cfg.iterations):
+        started = time.monotonic()
+        metrics = {"horizon/max_turns": horizon(iteration, cfg, config.agent.max_turns)}
+        # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
+        if cfg.eval_every and iteration % cfg.eval_every == 0:
+            metrics |= await evaluate_during_training(config, parts, iteration, show_progress)
+        # 1. Sample tasks (seeded, without replacement, reshuffled when exhausted).
+        tasks = sampler.draw(cfg.tasks_per_iteration)
+        # 2. K rollouts per task, concurrently, until the straggler cut-off.
+        t_rollout = time.monotonic()
+        groups, discarded = await roll_out(config, parts, tasks, iteration, show_progress)
+        metrics["time/rollout_s"] = time.monotonic() - t_rollout
+        # 3. Advantages over each task's group; drop rollouts with |A| below the threshold.
+        credit = assign_credit(
+            groups, method=cfg.advantage, reward=cfg.reward, threshold=cfg.adv_threshold,
+            normalize=cfg.normalize_advantage, turn_coef=cfg.turn_coef,
+        )  # fmt: skip
+        samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
+        metrics |= rollout_metrics(groups, credit, discarded, samples)
+        t_learn = time.monotonic()
+        # 4. Recompute the old log-probs with the learner; compare with the sampler's.
+        metrics |= learner.recompute_old_logprobs(samples)
+        check_parity(metrics, cfg)
+        # 5. Epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
+        stats = learn(learner, samples, cfg, iteration, config.seed, show_progress)
+        metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}
+        # 6. Push the new weights to the generator (a LoRA adapter for vLLM; nothing for hf).
+        t_sync = time.monotonic()
+        sync_weights(parts, run_dir, iteration)
+        metrics["time/sync_s"] = time.monotonic() - t_sync
+        # 7. Log, save the rollouts, checkpoint.
+        metrics |= throughput(metrics, groups, stats, time.monotonic() - started)
+        if runlog is not None:
+            record_iteration(runlog, config, iteration, metrics, groups, credit, kept)
+        if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
+            save(run_dir, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
+    # After the last iteration: the final evaluation, so the run ends with a before/after pair.
+    if cfg.eval_every and start < cfg.iterations:
+        final = await evaluate_during_training(config, parts, cfg.iterations, show_progress)
+        if runlog is not None and final:
+            runlog.log(cfg.iterations, final)
+        metrics |= final
+    if runlog is not None:
+        runlog.close()
+    return metrics
+
+
+def check_trainable(config: RunConfig) -> None:
+    """Settings under which the learner's and the sampler's distributions would differ."""
+    if config.generator.backend == "openai":
+        raise ConfigError("generator.backend openai cannot train (no weights): use hf or vllm")
+    if config.agent.temperature <= 0 or config.agent.top_p != 1.0:
+        raise ConfigError(
+            "training samples at agent.temperature > 0 with agent.top_p = 1 (the learner's "
+            f"log-probs would not match the sampler's), got {config.agent.temperature}, "
+            f"{config.agent.top_p}"
+        )
+    if config.generator.backend == "hf" and distributed.world_size() > 1:
+        raise ConfigError("several learner processes need generator.backend vllm, not hf")
+    if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
+        raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
+
+
+def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:
+    """The split's tasks, up to `max_difficulty`."""
+    tasks = [
+        t
+        for t in suite.tasks(cfg.split)
+        if cfg.max_difficulty is None or t.difficulty <= cfg.max_difficulty
+    ]
+    if not tasks:
+        raise ConfigError(f"train.split {cfg.split!r} has no task of difficulty <= "
+                          f"{cfg.max_difficulty}")  # fmt: skip
+    return tasks
+
+
+def build_learner(config: RunConfig, policy: Any) -> Learner:
+    """The learner with the run's optimisation settings."""
+    cfg = config.train
+    return Learner(
+        policy, lr=cfg.lr, weight_decay=cfg.weight_decay, loss=cfg.loss,
+        ratio_level=cfg.ratio_level, clip_eps=cfg.clip_eps, clip_lower=cfg.clip_lower,
+        epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
+        micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
+        kl_threshold=cfg.kl_threshold, max_nan_steps=cfg.max_nan_steps,
+        temperature=config.agent.temperature, logprob_chunk_size=cfg.logprob_chunk_size,
+    )  # fmt: skip
+
+
+def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
+    """The turn limit of `iteration`: horizon_start + step * (iteration // every), capped."""
+    if cfg.horizon_start is None:
+        return max_turns
+    return min(max_turns, cfg.horizon_start + cfg.horizon_step * (iteration // cfg.horizon_every))
+
+
+def resume(run_dir: Path, policy: Any, learner: Learner, sampler: TaskSampler) -> int:
+    """Load the newest complete checkpoint, if any; returns the iteration to start from."""
+    latest = checkpoint.latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        return 0
+    state = checkpoint.load_state(latest)
+    checkpoint.load_weights(policy.model, latest)
+    learner.load_state_dict(state["learner"])
+    sampler.load_state_dict(state["sampler"])
+    checkpoint.restore_rng(state["rng"])
+    print(f"resuming from {latest} (iteration {state['iteration']})", file=sys.stderr)
+    return int(state["iteration"])
+
+
+def open_run(config: RunConfig, run_dir: Path, start: int) -> RunLog:
+    """Write the resolved config and open the run log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    log_path = run_dir / "metrics.jsonl"
+    if log_path.exists():  # keep the records of completed iterations only (none when fresh)
+        lines = log_path.read_text().splitlines(keepends=True)
+        log_path.write_text("".join(ln for ln in lines if json.loads(ln)["iteration"] < start))
+    return RunLog(
+        run_dir, tensorboard=config.train.tensorboard,
+        wandb_project=config.train.wandb_project, config=config.to_dict(),
+    )  # fmt: skip
+
+
+def stress_test(learner: Learner, seq_len: int) -> None:
+    """Forward and backward the longest rollout now, so a config that cannot fit fails fast."""
+    started = time.monotonic()
+    try:
+        learner.stress_test(seq_len)
+    except torch.OutOfMemoryError:
+        raise ConfigError(
+            f"the stress test ran out of memory at train.max_seq_len={seq_len}: lower "
+            "train.max_seq_len, enable model.gradient_checkpointing, lower "
+            "train.logprob_chunk_size, or use a smaller model / model.load_in_4bit"
+        ) from None
+    print(f"stress test: {seq_len} tokens forward+backward in "
+          f"{time.monotonic() - started:.1f} s", file=sys.stderr)  # fmt: skip
+
+
+async def evaluate_during_training(
+    config: RunConfig, parts: TrainParts, iteration: int, show_progress: bool
+) -> dict[str, float]:
+    """The dev evaluation of evaluate.py, written under eval/<split>/iter-<iteration>/."""
+    if not distributed.is_main():
+        return {}
+    out_dir = config.run_dir / "eval" / config.eval.split / f"iter-{iteration}"
+    return await run_evaluation(
+        config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+        tokenizer=parts.tokenizer, out_dir=out_dir, show_progress=show_progress,
+    )  # fmt: skip
+
+
+async def roll_out(
+    config: RunConfig, parts: TrainParts, tasks: list[Any], iteration: int, show_progress: bool
+) -> tuple[list[list[Trajectory]], int]:
+    """K rollouts per task with the straggler cut-off; returns the groups and the discarded."""
+    cfg = config.train
+    if not distributed.is_main():
+        return [], 0
+    jobs, occurrences = [], defaultdict(int)
+    for g, task in enumerate(tasks):
+        first = occurrences[task.id] * cfg.rollouts_per_task  # a task drawn twice: one group
+        occurrences[task.id] += 1
+        for k in range(cfg.rollouts_per_task):
+            seed = ((config.seed * 1_000_003 + iteration) * 100_003 + g) * 1009 + k
+            jobs.append(RolloutJob(task, first + k, seed=seed % 2**62))
+    need_total = math.ceil(len(jobs) * cfg.rollouts_fraction)
+    need_each = {task.id: cfg.min_rollouts_per_task * n for task, n in
+                 ((t, occurrences[t.id]) for t in tasks)}  # fmt: skip
+
+    def enough(done: list[Trajectory]) -> bool:
+        counts: dict[str, int] = defaultdict(int)
+        for traj in done:
+            counts[traj.task_id] += 1
+        return len(done) >= need_total and all(counts[t] >= n for t, n in need_each.items())
+
+    settings = dataclasses.replace(
+        config.agent, max_turns=horizon(iteration, cfg, config.agent.max_turns)
+    )
+    progress = _progress(len(jobs), f"iter {iteration} rollouts", show_progress)
+    done = await collect_rollouts(
+        jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+        tokenizer=parts.tokenizer, settings=settings, example=list(worked_example(parts.suite)),
+        max_concurrent=cfg.max_concurrent_rollouts, on_done=lambda _: progress.update(1),
+        enough=enough,
+    )  # fmt: skip
+    progress.close()
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in done:
+        groups[traj.task_id].append(traj)
+    return list(groups.values()), len(jobs) - len(done)
+
+
+def select_samples(
+    groups: list[list[Trajectory]], credit: Credit, max_seq_len: int, iteration: int, seed: int
+) -> tuple[list[Sample], list[bool]]:
+    """Samples of the kept rollouts, this process's equal shard; and the kept flag per rollout."""
+    flat = [traj for group in groups for traj in group]
+    keep = list(credit.keep)
+    world = distributed.world_size()
+    if world > 1:  # round the kept count up to a multiple of the world size, by |A|
+        spare = sorted(
+            (i for i, k in enumerate(keep) if not k and credit.present[i]),
+            key=lambda i: -credit.magnitude[i],
+        )
+        while sum(keep) % world and spare:
+            keep[spare.pop(0)] = True
+        while sum(keep) % world:  # not enough rollouts to top up: drop the weakest kept
+            weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: credit.magnitude[i])
+            keep[weakest] = False
+    samples = [
+        make_sample(traj, credit.turn_advantages[i], max_seq_len)
+        for i, traj in enumerate(flat)
+        if keep[i]
+    ]
+    samples = distributed.broadcast_object(samples)
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + iteration))
+    shard = [samples[int(i)] for i in order][distributed.rank() :: world]
+    return shard, keep
+
+
+def check_parity(metrics: dict[str, float], cfg: TrainConfig) -> None:
+    """Stop when the learner and the sampler disagree beyond the configured threshold."""
+    worst = metrics.get("recompute/abs_logprob_diff_max", 0.0)
+    if cfg.logprob_diff_threshold is not None and worst > cfg.logprob_diff_threshold:
+        raise RuntimeError(
+            f"learner and sampler log-probs differ by up to {worst:.4f} > "
+            f"train.logprob_diff_threshold={cfg.logprob_diff_threshold}: the sampler does not "
+            "sample from the model being trained (dtype, adapter sync or sampling settings)"
+        )
+
+
+def learn(
+    learner: Learner, samples: list[Sample], cfg: TrainConfig, iteration: int, seed: int,
+    show_progress: bool,
+) -> LearnStats:  # fmt: skip
+    """Step 5, with strictly-on-policy mode as one minibatch of everything."""
+    if not samples:
+        learner.scheduler.step()
+        return LearnStats()
+    if cfg.strictly_on_policy:
+        learner.minibatch_size = len(samples) * distributed.world_size()
+    steps = cfg.epochs * math.ceil(len(samples) * distributed.world_size() /
+                                   learner.minibatch_size)  # fmt: skip
+    progress = _progress(steps, f"iter {iteration} learn", show_progress, unit="step")
+    learner.on_step = lambda: progress.update(1)
+    try:
+        return learner.learn(samples, seed=seed * 7919 + iteration)
+    finally:
+        progress.close()
+
+
+def sync_weights(parts: TrainParts, run_dir: Path, iteration: int) -> None:
+    """Hand the new weights to the generator (the hf generator already samples from them)."""
+    if parts.generator.name == "hf":
+        return
+    target = run_dir / "adapter-sync" / f"iter-{iteration + 1}"
+    if distributed.is_main():
+        checkpoint.save_weights(parts.policy.model, target)
+        parts.generator.load_adapter(target)
+    distributed.barrier()
+
+
+def throughput(
+    metrics: dict[str, float], groups: list[list[Trajectory]], stats: LearnStats, total_s: float
+) -> dict[str, float]:
+    """Generated and learned tokens per second, and the iteration's wall time."""
+    generated = sum(sum(t.is_output) for g in groups for t in g)
+    return {
+        "throughput/generated_tokens_per_s": generated / max(metrics["time/rollout_s"], 1e-9),
+        "throughput/learned_tokens_per_s": stats.trained_tokens
+        / max(metrics["time/learn_s"], 1e-9),
+        "time/iteration_s": total_s,
+    }
+
+
+def record_iteration(
+    runlog: RunLog, config: RunConfig, iteration: int, metrics: dict[str, float],
+    groups: list[list[Trajectory]], credit: Credit, kept: list[bool],
+) -> None:  # fmt: skip
+    """metrics.jsonl/TensorBoard, the one-line summary, and rollouts/iter-N.jsonl.gz."""
+    runlog.log(iteration, metrics)
+    print(summary_line(iteration, config.train.iterations, metrics), file=sys.stderr, flush=True)
+    if not config.train.save_rollouts:
+        return
+    path = config.run_dir / "rollouts" / f"iter-{iteration}.jsonl.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    flat = [traj for group in groups for traj in group]
+    with gzip.open(tmp, "wt") as sink:
+        for i, traj in enumerate(flat):
+            advantages = credit.turn_advantages[i]
+            record = traj.to_json() | {
+                "iteration": iteration, "split": config.train.split,
+                "advantage": advantages[0] if len(set(advantages)) == 1 else None,
+                "turn_advantages": advantages, "kept": kept[i],
+            }  # fmt: skip
+            sink.write(json.dumps(record) + "\n")
+    tmp.replace(path)
+
+
+def save(
+    run_dir: Path, iteration: int, policy: Any, learner: Learner, sampler: TaskSampler, keep: int
+) -> None:
+    """An atomic checkpoint after `iteration` completed iterations (main process writes)."""
+    if distributed.is_main():
+        state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
+        checkpoint.save_checkpoint(run_dir / "checkpoints", iteration, policy.model, state, keep)
+    distributed.barrier()
+
+
+def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False)
+
+
+def main(config_path: Path | str, overrides: list[str]) -> int:
+    """train.py's entry: load, build, train; a bad config is one line, not a traceback."""
+    from loop.build import build_training
+
+    try:
+        config = load_config(config_path, overrides)
+        check_trainable(config)
+        with build_training(config) as parts:
+            metrics = train(config, parts)
+    except ConfigError as exc:
+        print(f"train.py: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("train.py: interrupted; run the same command again to resume from the last "
+              "checkpoint", file=sys.stderr)  # fmt: skip
+        return 130
+    print(
+        f"done: {config.run_dir} (final reward {metrics.get('rollout/reward_mean', math.nan):.3f})"
+    )
+    return 0
