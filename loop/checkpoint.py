@@ -67,10 +67,10 @@ def load_weights(model: Any, checkpoint: Path) -> None:
     if full.is_file():
         model.load_state_dict(load_file(str(full)), strict=False)
         return
-    if (checkpoint / "model").is_dir():
-        from transformers.modeling_utils import load_sharded_checkpoint
-
-        load_sharded_checkpoint(model, str(checkpoint / "model"))
+    shards = sorted((checkpoint / "model").glob("model-*.safetensors"))
+    if shards:  # save_pretrained splits large models into shards
+        for shard in shards:
+            model.load_state_dict(load_file(str(shard)), strict=False)
         return
     raise FileNotFoundError(f"{checkpoint}: neither adapter/ nor model/ weights found")
 

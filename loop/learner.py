@@ -27,7 +27,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -88,10 +88,10 @@ class Learner:
         *,
         lr: float,
         weight_decay: float,
-        loss: str = "ppo",
-        ratio_level: str = "token",
+        loss: Literal["ppo", "reinforce"] = "ppo",
+        ratio_level: Literal["token", "turn", "trajectory"] = "token",
         clip_eps: float = 0.1,
-        clip_lower: str = "reciprocal",
+        clip_lower: Literal["reciprocal", "symmetric"] = "reciprocal",
         epochs: int = 2,
         minibatch_size: int = 32,
         micro_batch_size: int = 1,
@@ -207,6 +207,8 @@ class Learner:
         logprobs = self._logprobs(batch)
         mask = batch.is_output
         if self.loss == "reinforce":
+            if self.ratio_level == "turn":
+                raise ValueError("the REINFORCE loss has no per-turn form: use token or trajectory")
             return reinforce_loss(logprobs, batch.advantages, mask, level=self.ratio_level)
         assert batch.old_logprobs is not None
         return clipped_surrogate_loss(

@@ -59,7 +59,7 @@ async def collect_rollouts(
 
     tasks = [asyncio.ensure_future(run(job)) for job in jobs]
     finished: dict[int, Trajectory] = {}
-    index = {task: i for i, task in enumerate(tasks)}
+    index: dict[asyncio.Future[Trajectory], int] = {task: i for i, task in enumerate(tasks)}
     pending: set[asyncio.Future[Trajectory]] = set(tasks)
     try:
         while pending:

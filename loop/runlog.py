@@ -39,7 +39,7 @@ class RunLog:
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
         """One record for `iteration` (non-finite values are written as null)."""
-        record = {"iteration": iteration, "time": time.time()}
+        record: dict[str, float | None] = {"iteration": iteration, "time": time.time()}
         record.update({k: (v if math.isfinite(v) else None) for k, v in metrics.items()})
         with self.path.open("a") as sink:
             sink.write(json.dumps(record) + "\n")

@@ -274,7 +274,8 @@ async def roll_out(
     cfg = config.train
     if not distributed.is_main():
         return [], 0
-    jobs, occurrences = [], defaultdict(int)
+    jobs: list[RolloutJob] = []
+    occurrences: dict[str, int] = defaultdict(int)
     for g, task in enumerate(tasks):
         first = occurrences[task.id] * cfg.rollouts_per_task  # a task drawn twice: one group
         occurrences[task.id] += 1
