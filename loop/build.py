@@ -157,6 +157,7 @@ def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
         enable_lora=lora is not None,
         max_lora_rank=max(config.model.lora_rank, 1),
         seed=config.seed,
+        tensor_parallel_size=config.generator.tensor_parallel_size,
     )
 
 

@@ -47,6 +47,7 @@ class GeneratorConfig:
     max_batch_size: int = 8  # hf: concurrent requests per forward batch
     gpu_memory_utilization: float = 0.4  # vllm: share of (GPU or CPU KV) memory for the engine
     max_model_len: int = 8192  # vllm: longest sequence the engine plans for
+    tensor_parallel_size: int = 1  # vllm: GPUs one engine spans
     base_url: str | None = None  # openai: the endpoint, e.g. http://127.0.0.1:8000/v1
     served_model: str | None = None  # openai: the model name the endpoint serves
     openai_mode: Literal["completions", "chat"] = "completions"
