@@ -23,6 +23,7 @@ from loop.config import AgentConfig
 from loop.generators.base import Generator, GeneratorError, SamplingParams
 from loop.prompt import build_messages, format_observation
 from loop.trajectory import Trajectory, Turn
+from tasks.core import EnvironmentFailureError
 
 CODE_OPEN = re.compile(r"```(?:python|py)[ \t]*\n")
 NO_CODE = "No code was found. Write your code in a ```python block."
@@ -131,6 +132,9 @@ async def run_episode(
             calls_before = len(env.api_calls)
             try:
                 observation = await env.astep(turn.code)
+            except EnvironmentFailureError as exc:  # the environment's engine died or hung
+                traj.status, traj.error = "env_crash", f"{type(exc).__name__}: {exc}"
+                break
             except Exception as exc:  # the sandbox itself failed, not the agent's code
                 traj.status, traj.error = "sandbox_crash", f"{type(exc).__name__}: {exc}"
                 break

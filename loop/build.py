@@ -20,11 +20,31 @@ from tasks import get_suite
 
 
 def build_suite(config: RunConfig) -> Any:
-    """The task suite named by `config.suite`."""
+    """The task suite named by `config.suite`.
+
+    `appworld` reads its data root from $APPWORLD_ROOT (its venv from $APPWORLD_VENV or
+    .venv-appworld/); its engine processes play the sandbox's part, so they take the sandbox
+    section's pool size, cell time limit and output cap. A missing root or venv is a one-line
+    ConfigError naming the fix.
+    """
+    import os
+
+    from tasks.appworld.venv import AppWorldSetupError
+
     try:
+        if config.suite == "appworld":
+            return get_suite(
+                "appworld",
+                root=os.environ.get("APPWORLD_ROOT"),
+                pool_size=config.sandbox.pool_size,
+                timeout_s=config.sandbox.cell_timeout_s,
+                max_output_chars=config.sandbox.max_output_chars,
+            )
         return get_suite(config.suite, seed=config.seed)
     except KeyError as exc:
         raise ConfigError(f"suite: {exc.args[0] if exc.args else config.suite}") from None
+    except AppWorldSetupError as exc:
+        raise ConfigError(f"suite appworld: {exc}") from None
 
 
 def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
@@ -99,9 +119,11 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
 @contextlib.contextmanager
 def build_training(config: RunConfig) -> Iterator[Any]:
     """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
+    from loop import distributed
     from loop.policy import LoraSettings, load_policy
     from loop.trainer import TrainParts
 
+    distributed.init_from_env()  # under torchrun / accelerate launch; before the model loads
     if config.model.torch_threads is not None:
         import torch
 
@@ -131,6 +153,7 @@ def build_training(config: RunConfig) -> Iterator[Any]:
         load_in_4bit=config.model.load_in_4bit,
         gradient_checkpointing=config.model.gradient_checkpointing,
     )
+    distributed.shard_model(policy.model)  # FSDP2 with several processes; else nothing
     generator = _training_generator(config, policy, lora)
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
     try:
@@ -138,6 +161,7 @@ def build_training(config: RunConfig) -> Iterator[Any]:
             yield TrainParts(policy, generator, policy.tokenizer, suite, pool)
     finally:
         _close(generator)
+        distributed.shutdown()
 
 
 def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:

@@ -6,18 +6,27 @@ Several learner processes are started by a launcher that sets the usual environm
 `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), either of
 
     torchrun --nproc-per-node 2 train.py --config configs/<name>.yaml
-    accelerate launch --num-processes 2 train.py --config configs/<name>.yaml
+    accelerate launch --multi_gpu --num_processes 2 train.py --config configs/<name>.yaml
+
+(`--multi_gpu` is what makes accelerate start several processes, on CPU-only machines too;
+without it, and without an `accelerate config`, it starts one.)
 
 `init_from_env` then joins the process group (nccl on GPUs, one GPU per process chosen by
 `LOCAL_RANK`; gloo on CPU) and `shard_model` shards the policy with FSDP2, PyTorch's
 `fully_shard`, the engine under accelerate's `fsdp_version: 2`. We call it directly rather than
-through `Accelerator.prepare` because accelerate enables FSDP only for GPU-type processes (CPU
-processes get plain data parallelism, so the 2-process CPU test could not exercise sharding),
-and because `prepare` wants to own the optimizer and the backward call, which live in
-loop/learner.py. The wrapping follows accelerate's FSDP2 policy and the reference's (loop_spec.md
-section 7.4): one group per decoder layer (LoRA adapters included), resharded after forward;
-the input and output embeddings in one group kept gathered from forward to backward; gradients
-reduced in float32 and averaged over processes.
+through `Accelerator.prepare` because accelerate (1.15) turns FSDP on only for GPU-type
+processes (CPU processes get plain data parallelism, so the 2-process CPU test could not
+exercise sharding), and because `prepare` wants to own the optimizer and the backward call,
+which live in loop/learner.py.
+
+The wrapping is close to accelerate's FSDP2 auto-wrap and the reference's (loop_spec.md section
+7.4): one group per decoder layer, resharded after forward; the input and output embeddings in
+one group, gathered from the start of forward to the end of backward (tied weights must be one
+group; this costs holding one or two vocabulary-sized matrices whole); the body as the root.
+Gradients are reduced in float32 and averaged over processes (the learner scales its loss by
+the world size to undo the average). The reference puts each LoRA module in its own group to
+keep it float32; here the adapters share their layer's group, since FSDP2 needs one dtype only
+among a group's trainable parameters (a bfloat16 frozen base beside float32 adapters is fine).
 
 Trap: the learner never calls the model's top-level `forward`. `loop.logprobs.token_logprobs`
 runs the transformer body and then the LM head on chunks of positions, so the FSDP root is the
@@ -29,6 +38,7 @@ FSDP tree and tied weights stay one parameter) is used in those later chunk call
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -63,6 +73,15 @@ def all_true(flag: bool) -> bool:
     value = torch.tensor([0 if flag else 1], dtype=torch.int64, device=_device())
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return int(value.item()) == 0
+
+
+def all_sum(values: Sequence[float]) -> list[float]:
+    """Each of `values` summed over the processes (for metrics that every rank counts locally)."""
+    if not is_distributed():
+        return [float(v) for v in values]
+    total = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device())
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return [float(v) for v in total.cpu()]
 
 
 def all_gather_cat(tensor: Tensor) -> Tensor:
@@ -129,6 +148,8 @@ def shard_model(model: Any) -> Any:
     embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
     if body is causal_lm or embed is None or head is None:
         raise ValueError(f"cannot shard {type(causal_lm).__name__}: not a *ForCausalLM model")
+    if any(not p.is_floating_point() for p in model.parameters()):
+        raise ValueError("a 4-bit base cannot be sharded here: use one process or bfloat16")
     _broadcast_trainable(model)
     # Gradients are reduced in float32 (the reference's policy) and parameters computed in the
     # dtype they are stored in: a bfloat16 base with float32 LoRA weights stays just that.
@@ -143,31 +164,68 @@ def shard_model(model: Any) -> Any:
 
 
 def full_state_dict(model: Any, *, trainable_only: bool = False) -> dict[str, Tensor]:
-    """The whole (unsharded) state dict on rank 0, on the CPU; `{}` on the other ranks.
+    """The whole (unsharded) state dict on the CPU on rank 0; `{}` on the other ranks.
 
     Collective under FSDP: every rank must call it. `trainable_only` keeps only parameters with
     `requires_grad` (the LoRA adapter), which is all a LoRA checkpoint or a vLLM sync needs.
     Keys are the model's own (`model.state_dict()`), so peft's `save_pretrained(state_dict=)`
     and `set_peft_model_state_dict` understand them.
     """
+    # Tied weights (one tensor under two names) are kept once, under their first name, as
+    # Hugging Face saves them.
+    first: dict[int, str] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        first.setdefault(id(value), name)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    keep = {name for key, name in first.items() if not trainable_only or key in trainable}
     if not is_distributed():
-        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-        return {
-            name: value.detach().cpu().clone()
-            for name, value in model.state_dict().items()
-            if not trainable_only or name in trainable
-        }
+        state = model.state_dict()
+        return {name: state[name].detach().cpu().clone() for name in state if name in keep}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(
         full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
     )
-    state: dict[str, Tensor] = get_model_state_dict(model, options=options)
+    gathered = get_model_state_dict(model, options=options)  # {} off rank 0
+    return {k: v for k, v in gathered.items() if k in keep and isinstance(v, Tensor)}
+
+
+def optimizer_state_dict(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`optimizer.state_dict()`, with FSDP's sharded moments gathered whole to rank 0.
+
+    Collective under FSDP: every rank calls it, rank 0 gets the full state keyed by parameter
+    name (the other ranks get `{}`). In one process it is `optimizer.state_dict()` itself, so
+    a checkpoint resumes only with the number of processes that wrote it.
+    """
+    if not is_distributed():
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=options))
     return state if is_main() else {}
 
 
+def load_optimizer_state_dict(
+    model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load what `optimizer_state_dict` returned; under FSDP every rank passes the full state.
+
+    Clears the gradients (torch initialises an empty optimizer's state with one zero-gradient
+    step, and skips it when any gradient is present).
+    """
+    if not is_distributed():
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    optimizer.zero_grad(set_to_none=True)
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+
+
 def _decoder_layers(causal_lm: Any, body: nn.Module) -> list[nn.Module]:
-    """The repeated blocks, found as transformers' own FSDP/device-map unit (`_no_split_modules`)."""
+    """The repeated blocks: transformers' own device-map unit (`_no_split_modules`)."""
     names = set(getattr(causal_lm, "_no_split_modules", None) or ())
     layers = [m for m in body.modules() if type(m).__name__ in names]
     if not layers:

@@ -86,8 +86,11 @@ async def _rollout(
 ) -> Trajectory:
     task = job.task
     traj = Trajectory(task.id, task.scenario_id, task.difficulty, job.sample_index)
+    sandbox = None
+    uses_sandbox = getattr(suite, "uses_sandbox", True)  # AppWorld runs code in its own engine
     try:
-        sandbox = await pool.acquire_async()
+        if uses_sandbox:
+            sandbox = await pool.acquire_async()
     except Exception as exc:
         traj.status, traj.error = "sandbox_crash", f"no sandbox: {type(exc).__name__}: {exc}"
         return traj
@@ -103,18 +106,22 @@ async def _rollout(
             traj.status = "timeout"
             traj.error = f"rollout exceeded {settings.rollout_timeout_s:g} s"
         if not traj.infra_failure:
-            _score(traj, env)
+            await _score(traj, env)
     except Exception as exc:  # a bug below us must not take the other rollouts down
         traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
     finally:
-        await pool.release_async(sandbox)
+        if sandbox is not None:
+            await pool.release_async(sandbox)
     return traj
 
 
-def _score(traj: Trajectory, env: Any) -> None:
+async def _score(traj: Trajectory, env: Any) -> None:
     """The environment's tests on the final state give the reward (one scoring path)."""
     try:
-        report = env.evaluate()
+        if hasattr(env, "aevaluate"):  # grading off the event loop, where the env offers it
+            report = await env.aevaluate()
+        else:
+            report = env.evaluate()
     except Exception as exc:
         traj.status, traj.error = "env_error", f"grading failed: {type(exc).__name__}: {exc}"
         return

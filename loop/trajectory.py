@@ -10,6 +10,11 @@ environment added (chat-template glue and the observation). Parallel arrays:
 `turns` records where each turn's sampled span lies, so decoding `tokens[t.output_start:
 t.output_end]` gives that turn's assistant message. The status says how the rollout ended;
 `INFRA_STATUSES` are failures of our machinery, excluded from advantages and counted.
+
+API calls are stored once, per turn (`Turn.api_calls`); `Trajectory.api_calls` is every call in
+order, derived from the turns. Only calls that belong to no turn (a step whose sandbox crashed
+after some calls ran) make the rollout keep its own list, written as the top-level
+`api_calls` key; older files that repeat every call there read the same.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ RolloutStatus = Literal[
     "context_exhausted",  # the token budget came first
     "timeout",  # the rollout's wall-clock limit came first
     "sandbox_crash",  # the sandbox could not go on (not a crash the agent's code caused)
+    "env_crash",  # the environment's engine process died or hung (e.g. AppWorld's)
     "generator_error",  # the generation backend failed
     "env_error",  # the environment or its grader failed
 ]
 INFRA_STATUSES: frozenset[str] = frozenset(
-    {"timeout", "sandbox_crash", "generator_error", "env_error"}
+    {"timeout", "sandbox_crash", "env_crash", "generator_error", "env_error"}
 )
 
 
@@ -63,7 +69,8 @@ class Trajectory:
     prompt_length: int = 0
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
-    api_calls: list[dict[str, Any]] = field(default_factory=list)
+    # Set only when the rollout's calls are not exactly its turns' calls (see `api_calls`).
+    own_api_calls: list[dict[str, Any]] | None = field(default=None, repr=False)
     tests: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None  # fraction of tests passed; None when not scored
     success: bool | None = None
@@ -71,6 +78,23 @@ class Trajectory:
     error: str | None = None  # why an infrastructure status was given
     token_exact: bool = True  # False when a backend returned text that had to be re-tokenised
     duration_s: float = 0.0
+
+    @property
+    def api_calls(self) -> list[dict[str, Any]]:
+        """Every API call of the rollout in order: the turns' calls, unless set otherwise.
+
+        A new list when derived from the turns: assign to it, do not append to it.
+        """
+        if self.own_api_calls is not None:
+            return self.own_api_calls
+        return [call for turn in self.turns for call in turn.api_calls]
+
+    @api_calls.setter
+    def api_calls(self, calls: list[dict[str, Any]]) -> None:
+        """Keep `calls` only where they differ from the turns' calls (stored once otherwise)."""
+        calls = list(calls)
+        derived = [call for turn in self.turns for call in turn.api_calls]
+        self.own_api_calls = None if calls == derived else calls
 
     @property
     def infra_failure(self) -> bool:
@@ -90,6 +114,9 @@ class Trajectory:
     def to_json(self) -> dict[str, Any]:
         """Plain data for rollouts files (NaN log-probs become None)."""
         data = dataclasses.asdict(self)
+        own_calls = data.pop("own_api_calls")
+        if own_calls is not None:  # calls outside the turns; otherwise they live in the turns
+            data["api_calls"] = own_calls
         data["sampler_logprobs"] = [None if math.isnan(x) else x for x in self.sampler_logprobs]
         data["num_tokens"] = len(self.tokens)
         data["num_output_tokens"] = sum(self.is_output)
@@ -101,8 +128,12 @@ class Trajectory:
         data = dict(data)
         data.pop("num_tokens", None)
         data.pop("num_output_tokens", None)
+        calls = data.pop("api_calls", None)  # old files repeat the turns' calls here
         data["turns"] = [Turn(**t) for t in data.get("turns", [])]
         data["sampler_logprobs"] = [
             math.nan if x is None else x for x in data.get("sampler_logprobs", [])
         ]
-        return cls(**data)
+        traj = cls(**data)
+        if calls is not None:
+            traj.api_calls = calls
+        return traj

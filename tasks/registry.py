@@ -1,4 +1,9 @@
-"""Task suites by name: `suite: apptown` in a config resolves here (`get_suite("apptown")`)."""
+"""Task suites by name: `suite: apptown` in a config resolves here (`get_suite("apptown")`).
+
+- `apptown`: the built-in world (`seed`, `n_people`).
+- `appworld`: the real AppWorld benchmark (`root`, `venv`, `pool_size`, `timeout_s`, ...;
+  see tasks/appworld/suite.py). Its data root defaults to $APPWORLD_ROOT.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,13 @@ def _apptown(**kwargs: Any) -> TaskSuite:
     return AppTownSuite(**kwargs)
 
 
-SUITES: dict[str, Callable[..., TaskSuite]] = {"apptown": _apptown}
+def _appworld(**kwargs: Any) -> TaskSuite:
+    from tasks.appworld import AppWorldSuite  # needs its own venv and data root, checked here
+
+    return AppWorldSuite(**kwargs)
+
+
+SUITES: dict[str, Callable[..., TaskSuite]] = {"apptown": _apptown, "appworld": _appworld}
 
 
 def get_suite(name: str, **kwargs: Any) -> TaskSuite:
