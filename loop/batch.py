@@ -34,6 +34,7 @@ class Sample:
     advantages: Tensor  # float32: the advantage each token is trained with (0 off the mask)
     truncated: bool = False
     old_logprobs: Tensor | None = None  # float32, set by the learner's recompute step
+    source: int = -1  # the rollout's position in its iteration (to write its log-probs back)
 
     @property
     def num_output_tokens(self) -> int:
@@ -41,7 +42,9 @@ class Sample:
         return int(self.is_output.sum())
 
 
-def make_sample(traj: Trajectory, turn_advantages: Sequence[float], max_seq_len: int) -> Sample:
+def make_sample(
+    traj: Trajectory, turn_advantages: Sequence[float], max_seq_len: int, source: int = -1
+) -> Sample:
     """A `Sample` of `traj` whose turn t's output tokens carry `turn_advantages[t]`.
 
     For trajectory-level credit pass the same advantage for every turn.
@@ -63,7 +66,8 @@ def make_sample(traj: Trajectory, turn_advantages: Sequence[float], max_seq_len:
         advantages[start:end] = float(turn_advantages[index])
     turn_ids[~is_output] = -1
     advantages[~is_output] = 0.0
-    return Sample(tokens, is_output, sampler, turn_ids, advantages, len(traj.tokens) > length)
+    truncated = len(traj.tokens) > length
+    return Sample(tokens, is_output, sampler, turn_ids, advantages, truncated, source=source)
 
 
 @dataclass

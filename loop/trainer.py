@@ -148,7 +148,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 7. Log, save the rollouts, checkpoint.
         metrics |= throughput(metrics, groups, stats, time.monotonic() - started)
         if runlog is not None:
-            record_iteration(runlog, config, iteration, metrics, groups, credit, kept)
+            record_iteration(runlog, config, iteration, metrics, groups, credit, kept, samples)
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
             save(run_dir, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
@@ -327,7 +327,7 @@ def select_samples(
             weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: credit.magnitude[i])
             keep[weakest] = False
     samples = [
-        make_sample(traj, credit.turn_advantages[i], max_seq_len)
+        make_sample(traj, credit.turn_advantages[i], max_seq_len, source=i)
         for i, traj in enumerate(flat)
         if keep[i]
     ]
@@ -394,9 +394,14 @@ def throughput(
 
 def record_iteration(
     runlog: RunLog, config: RunConfig, iteration: int, metrics: dict[str, float],
-    groups: list[list[Trajectory]], credit: Credit, kept: list[bool],
+    groups: list[list[Trajectory]], credit: Credit, kept: list[bool], samples: list[Sample],
 ) -> None:  # fmt: skip
-    """metrics.jsonl/TensorBoard, the one-line summary, and rollouts/iter-N.jsonl.gz."""
+    """metrics.jsonl/TensorBoard, the one-line summary, and rollouts/iter-N.jsonl.gz.
+
+    Each rollout line is `Trajectory.to_json()` plus the iteration, its advantage(s), whether it
+    was trained on, and `learner_logprobs` (the recomputed old log-probs, parallel to `tokens`,
+    null off the loss mask; written for the rollouts this process trained on).
+    """
     runlog.log(iteration, metrics)
     print(summary_line(iteration, config.train.iterations, metrics), file=sys.stderr, flush=True)
     if not config.train.save_rollouts:
@@ -405,6 +410,7 @@ def record_iteration(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     flat = [traj for group in groups for traj in group]
+    learner = {s.source: s for s in samples if s.old_logprobs is not None}
     with gzip.open(tmp, "wt") as sink:
         for i, traj in enumerate(flat):
             advantages = credit.turn_advantages[i]
@@ -412,9 +418,20 @@ def record_iteration(
                 "iteration": iteration, "split": config.train.split,
                 "advantage": advantages[0] if len(set(advantages)) == 1 else None,
                 "turn_advantages": advantages, "kept": kept[i],
+                "learner_logprobs": _learner_logprobs(learner.get(i), len(traj.tokens)),
             }  # fmt: skip
             sink.write(json.dumps(record) + "\n")
     tmp.replace(path)
+
+
+def _learner_logprobs(sample: Sample | None, length: int) -> list[float | None] | None:
+    """The sample's old log-probs on its loss mask, as a list parallel to the rollout's tokens."""
+    if sample is None or sample.old_logprobs is None:
+        return None
+    values: list[float | None] = [None] * length
+    for position in sample.is_output.nonzero().flatten().tolist():
+        values[position] = float(sample.old_logprobs[position])
+    return values
 
 
 def save(

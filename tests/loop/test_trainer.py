@@ -110,8 +110,13 @@ def test_checkpoints_are_complete_and_pruned(tmp_path: Path) -> None:
     assert not list(root.glob(".tmp-*"))
     rollouts = tmp_path / "synth" / "rollouts" / "iter-2.jsonl.gz"
     with gzip.open(rollouts, "rt") as lines:
-        first = json.loads(lines.readline())
-    assert first["iteration"] == 2 and "kept" in first and "turn_advantages" in first
+        records = [json.loads(line) for line in lines]
+    assert len(records) == 16 and all(r["iteration"] == 2 for r in records)
+    kept = [r for r in records if r["kept"]]
+    assert kept and all(r["learner_logprobs"] is None for r in records if not r["kept"])
+    for record in kept:  # the learner's log-probs sit exactly on the loss mask
+        present = [x is not None for x in record["learner_logprobs"]]
+        assert present == record["is_output"]
 
 
 RESUME_SCRIPT = """

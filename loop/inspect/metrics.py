@@ -1,0 +1,229 @@
+"""Behaviour metrics of rollouts (pure functions; no I/O), after the LOOP paper's section 5.
+
+Per rollout, `rollout_metrics` counts what the agent did (`RolloutMetrics`); `aggregate` turns a
+group of those into the numbers the paper reports (loop_spec.md section 5, Appendix A.1):
+
+    turns / rollout              assistant turns
+    API calls / rollout          calls that reached the environment (`Trajectory.api_calls`)
+    failed API calls / rollout   of those, the ones that returned an error
+    show_api_doc / rollout       occurrences of `apis.api_docs.show_api_doc` in the agent's code
+    multi-cell turns / turn      turns with more than one ```python block, over all turns
+    execution errors / turn      turns whose cell failed (error, timeout, crash), over all turns
+    give-up rate                 (failed - recovered) / failed endpoints, `give_up_counts`
+    'assume' / rollout           assume / assumed / assuming in the agent's text ("assumed" once)
+    'dummy' / rollout            "dummy" in the agent's text (also inside `dummy_password`)
+    code characters / rollout    characters inside the agent's ```python blocks
+    distinct sequences / task    distinct API-call sequences (app.api in call order) per task
+
+Ratios over turns are pooled (sums over the group, then divided), as in the paper; per-rollout
+quantities are means over rollouts. Success and reward count an unscored rollout as 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import mean
+from typing import Any, Literal
+
+from loop.agent import CODE_OPEN
+from loop.trajectory import Trajectory, Turn
+
+SHOW_API_DOC = re.compile(r"apis\.api_docs\.show_api_doc\b")
+ASSUME = re.compile(r"assum(?:ing|ed|e)", re.IGNORECASE)  # "assumed" matches once, as "assumed"
+DUMMY = re.compile(r"dummy", re.IGNORECASE)  # no word boundary: `dummy_venmo_pass` counts
+EXECUTION_FAILED = "Execution failed"  # the first line of a failed cell's observation
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One aggregated metric: its key, its label in tables, how to print it, what it means."""
+
+    key: str
+    label: str
+    kind: Literal["count", "mean", "rate"]
+    doc: str
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("rollouts", "rollouts", "count", "number of rollouts"),
+    MetricSpec("success_rate", "success rate", "rate", "share of rollouts whose tests all pass"),
+    MetricSpec("reward_mean", "reward", "rate", "mean fraction of tests passed"),
+    MetricSpec("turns", "turns / rollout", "mean", "assistant turns per rollout"),
+    MetricSpec("api_calls", "API calls / rollout", "mean", "API calls that reached the apps"),
+    MetricSpec("failed_api_calls", "failed API calls / rollout", "mean", "calls that erred"),
+    MetricSpec(
+        "show_api_doc", "show_api_doc / rollout", "mean",
+        "occurrences of apis.api_docs.show_api_doc in the agent's code",
+    ),
+    MetricSpec(
+        "multi_cell_turns", "multi-cell turns / turn", "rate",
+        "turns with more than one ```python block, over all turns",
+    ),
+    MetricSpec(
+        "execution_errors", "execution errors / turn", "rate",
+        "turns whose cell failed (exception, timeout or crash), over all turns",
+    ),
+    MetricSpec(
+        "give_up_rate", "give-up rate (failed calls)", "rate",
+        "(failed - recovered) / failed endpoints, the paper's algorithm; empty with no failures",
+    ),
+    MetricSpec("assume", "'assume' / rollout", "mean", "assume/assumed/assuming in agent text"),
+    MetricSpec("dummy", "'dummy' / rollout", "mean", "occurrences of 'dummy' in agent text"),
+    MetricSpec("code_chars", "code chars / rollout", "mean", "characters in ```python blocks"),
+    MetricSpec(
+        "distinct_sequences", "distinct call sequences / task", "mean",
+        "distinct API-call sequences (app.api in order) per task, averaged over tasks",
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RolloutMetrics:
+    """What one rollout did, as counts (aggregate them with `aggregate`)."""
+
+    task_id: str
+    turns: int
+    api_calls: int
+    failed_api_calls: int
+    show_api_doc: int
+    multi_cell_turns: int
+    execution_errors: int  # turns whose cell failed
+    give_up_failed: int  # endpoints added to the failed set (give_up_counts)
+    give_up_recovered: int  # endpoints later retried in a turn without an execution error
+    assume: int
+    dummy: int
+    code_chars: int
+    success: bool
+    reward: float
+    sequence: tuple[str, ...]  # "app.api" of every call, in order
+
+
+def code_blocks(text: str) -> list[str]:
+    """The ```python / ```py blocks of an agent message, as `loop.agent.extract_code` finds them
+    (a final unterminated block included, blank blocks left out), outer newlines stripped."""
+    blocks, pos = [], 0
+    while (opening := CODE_OPEN.search(text, pos)) is not None:
+        end = text.find("```", opening.end())
+        body = text[opening.end() :] if end < 0 else text[opening.end() : end]
+        if body.strip():
+            blocks.append(body.strip("\n"))
+        if end < 0:
+            break
+        pos = end + 3
+    return blocks
+
+
+def is_execution_error(turn: Turn) -> bool:
+    """The environment's reply to this turn says its cell failed (exception, timeout, crash)."""
+    if turn.error is not None or turn.timed_out or turn.crashed:
+        return True
+    return (turn.observation or "").startswith(EXECUTION_FAILED)
+
+
+def endpoint(call: dict[str, Any]) -> str:
+    """`app.api` of a recorded call."""
+    return f"{call.get('app', '?')}.{call.get('api', '?')}"
+
+
+def give_up_counts(turns: Sequence[Turn]) -> tuple[int, int]:
+    """(failed, recovered) endpoint counts of one rollout, the paper's give-up algorithm.
+
+    Walk the turns keeping the set of endpoints that failed and were not yet retried
+    successfully. A turn whose reply is an execution error adds every endpoint it called
+    (`failed` += the newly added ones); any other turn removes the endpoints it called
+    (`recovered` += the removed ones). The give-up rate of a group is
+    (sum failed - sum recovered) / sum failed. "Called" means reached the environment
+    (`Turn.api_calls`): an endpoint written after the line that raised was never attempted.
+    """
+    pending: set[str] = set()
+    failed = recovered = 0
+    for turn in turns:
+        endpoints = {endpoint(call) for call in turn.api_calls}
+        if is_execution_error(turn):
+            added = endpoints - pending
+            failed += len(added)
+            pending |= added
+        else:
+            removed = endpoints & pending
+            recovered += len(removed)
+            pending -= removed
+    return failed, recovered
+
+
+def rollout_metrics(traj: Trajectory) -> RolloutMetrics:
+    """Count one rollout's behaviour (the inputs of `aggregate`)."""
+    calls = traj.api_calls
+    blocks = [code_blocks(turn.text) for turn in traj.turns]
+    texts = [turn.text for turn in traj.turns]
+    failed, recovered = give_up_counts(traj.turns)
+    return RolloutMetrics(
+        task_id=traj.task_id,
+        turns=len(traj.turns),
+        api_calls=len(calls),
+        failed_api_calls=sum(not call.get("ok", False) for call in calls),
+        show_api_doc=sum(len(SHOW_API_DOC.findall(b)) for bs in blocks for b in bs),
+        multi_cell_turns=sum(len(bs) > 1 for bs in blocks),
+        execution_errors=sum(is_execution_error(turn) for turn in traj.turns),
+        give_up_failed=failed,
+        give_up_recovered=recovered,
+        assume=sum(len(ASSUME.findall(text)) for text in texts),
+        dummy=sum(len(DUMMY.findall(text)) for text in texts),
+        code_chars=sum(len(b) for bs in blocks for b in bs),
+        success=bool(traj.success),
+        reward=traj.reward or 0.0,
+        sequence=tuple(endpoint(call) for call in calls),
+    )
+
+
+def give_up_rate(failed: int, recovered: int) -> float | None:
+    """(failed - recovered) / failed; None when nothing failed (the rate is undefined)."""
+    return (failed - recovered) / failed if failed else None
+
+
+def distinct_sequences(rows: Sequence[RolloutMetrics]) -> dict[str, int]:
+    """Number of distinct API-call sequences among each task's rollouts."""
+    seen: dict[str, set[tuple[str, ...]]] = defaultdict(set)
+    for row in rows:
+        seen[row.task_id].add(row.sequence)
+    return {task: len(sequences) for task, sequences in seen.items()}
+
+
+def aggregate(rows: Sequence[RolloutMetrics]) -> dict[str, float | None]:
+    """The metrics of `METRICS` over a group of rollouts; None where a ratio is undefined."""
+    if not rows:
+        raise ValueError("no rollouts to aggregate")
+    turns = sum(r.turns for r in rows)
+
+    def per_turn(count: int) -> float | None:
+        return count / turns if turns else None
+
+    return {
+        "rollouts": len(rows),
+        "success_rate": mean(r.success for r in rows),
+        "reward_mean": mean(r.reward for r in rows),
+        "turns": mean(r.turns for r in rows),
+        "api_calls": mean(r.api_calls for r in rows),
+        "failed_api_calls": mean(r.failed_api_calls for r in rows),
+        "show_api_doc": mean(r.show_api_doc for r in rows),
+        "multi_cell_turns": per_turn(sum(r.multi_cell_turns for r in rows)),
+        "execution_errors": per_turn(sum(r.execution_errors for r in rows)),
+        "give_up_rate": give_up_rate(
+            sum(r.give_up_failed for r in rows), sum(r.give_up_recovered for r in rows)
+        ),
+        "assume": mean(r.assume for r in rows),
+        "dummy": mean(r.dummy for r in rows),
+        "code_chars": mean(r.code_chars for r in rows),
+        "distinct_sequences": mean(distinct_sequences(rows).values()),
+    }
+
+
+def ratio(before: float | None, after: float | None) -> float | None:
+    """after / before for `--compare`; None where it is undefined (a missing value or 0 / 0)."""
+    if before is None or after is None:
+        return None
+    if before == 0:
+        return None if after == 0 else float("inf")
+    return after / before
