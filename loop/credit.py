@@ -65,7 +65,9 @@ def assign_credit(
     turn_coef: float = 1.0,
 ) -> Credit:
     """Advantages for every rollout of every group (method: loo, grpo, turn or reinforce)."""
-    width = max((len(g) for g in groups), default=0)
+    if not any(groups):  # nothing collected (or a learner process that collects nothing)
+        return Credit([], [], [], [], 0, 0)
+    width = max(len(g) for g in groups)
     shape = (len(groups), width)
     rewards = torch.zeros(shape, dtype=torch.float64)
     present = torch.zeros(shape, dtype=torch.bool)

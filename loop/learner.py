@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -158,10 +159,16 @@ class Learner:
                     self.on_step()
                 if not stepped:
                     stats.stopped_early = True
-                    self.scheduler.step()
+                    self.step_schedule()
                     return stats
-        self.scheduler.step()
+        self.step_schedule()
         return stats
+
+    def step_schedule(self) -> None:
+        """The once-per-iteration schedule step (also when no optimizer step was taken)."""
+        with warnings.catch_warnings():  # torch warns when no optimizer step came first
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
 
     def _step(self, minibatch: list[Sample], stats: LearnStats) -> bool:
         """One optimizer step over `minibatch`; False when a guard stops the iteration."""

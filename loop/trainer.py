@@ -354,7 +354,7 @@ def learn(
 ) -> LearnStats:  # fmt: skip
     """Step 5, with strictly-on-policy mode as one minibatch of everything."""
     if not samples:
-        learner.scheduler.step()
+        learner.step_schedule()
         return LearnStats()
     if cfg.strictly_on_policy:
         learner.minibatch_size = len(samples) * distributed.world_size()
