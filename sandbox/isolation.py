@@ -205,7 +205,7 @@ def _bwrap_args(limits: Limits, plan: LaunchPlan) -> list[str]:
     ]
     ro_binds = ["/usr", *_python_dirs()]
     ro_binds += [str(Path("/etc") / name) for name in ETC_ALLOWED if (Path("/etc") / name).exists()]
-    args += _make_parents([*ro_binds, SANDBOX_HOME, str(plan.chan_dir)])
+    args += make_parent_dirs([*ro_binds, SANDBOX_HOME, str(plan.chan_dir)])
     for path in ro_binds:
         args += ["--ro-bind", path, path]
     for name in ("passwd", "group", "hosts", "hostname"):
@@ -242,7 +242,7 @@ def _python_dirs() -> list[str]:
     kept: list[str] = []
     for path in sorted(dirs, key=len):  # drop a directory already inside a kept one
         real = os.path.realpath(path)
-        if os.path.isdir(real) and not any(_is_within(real, k) for k in kept):
+        if os.path.isdir(real) and not any(is_within(real, k) for k in kept):
             kept.append(real)
     return kept
 
@@ -256,12 +256,12 @@ def _own_package_dirs(bound: list[str]) -> list[str]:
             continue
         for location in spec.submodule_search_locations:
             real = os.path.realpath(location)
-            if any(_is_within(real, b) for b in bound):
+            if any(is_within(real, b) for b in bound):
                 hidden.append(real)
     return hidden
 
 
-def _make_parents(targets: list[str]) -> list[str]:
+def make_parent_dirs(targets: list[str]) -> list[str]:
     """`--dir` each missing ancestor as 0755: bwrap would copy host modes (/root is 0700)."""
     parents: set[str] = set()
     for target in targets:
@@ -275,5 +275,5 @@ def _make_parents(targets: list[str]) -> list[str]:
     return args
 
 
-def _is_within(path: str, base: str) -> bool:
+def is_within(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")

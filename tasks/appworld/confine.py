@@ -28,7 +28,13 @@ from pathlib import Path
 
 from sandbox import Capabilities, Limits
 from sandbox.cgroups import Cgroup
-from sandbox.isolation import ETC_ALLOWED, LaunchPlan, write_etc
+from sandbox.isolation import (
+    ETC_ALLOWED,
+    LaunchPlan,
+    is_within,
+    make_parent_dirs,
+    write_etc,
+)
 from sandbox.process import allocate_uid, next_sandbox_number, remove_directory
 from sandbox.reaper import reap_stale, write_owner
 
@@ -161,7 +167,7 @@ def _bwrap_args(limits: Limits, engine: EngineDir, python: Path, data: Path) -> 
     args += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     ro_binds = ["/usr", *python_dirs(python), str(data.resolve()), str(engine.path / "worker.py")]
     ro_binds += [str(Path("/etc") / n) for n in ETC_ALLOWED if (Path("/etc") / n).exists()]
-    args += _make_parents([*ro_binds, str(engine.home)])
+    args += make_parent_dirs([*ro_binds, str(engine.home)])
     for path in ro_binds:
         args += ["--ro-bind", path, path]
     for name in ("passwd", "group", "hosts", "hostname"):
@@ -183,27 +189,9 @@ def python_dirs(python: Path) -> list[str]:
     dirs.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
     kept: list[str] = ["/usr"]  # bound anyway
     for path in sorted(set(dirs), key=len):
-        if os.path.isdir(path) and path != "/" and not any(_within(path, k) for k in kept):
+        if os.path.isdir(path) and path != "/" and not any(is_within(path, k) for k in kept):
             kept.append(path)
     return kept[1:]
-
-
-def _make_parents(targets: list[str]) -> list[str]:
-    """`--dir` each missing ancestor as 0755 (bwrap would copy host modes: /root is 0700)."""
-    parents: set[str] = set()
-    for target in targets:
-        parent = Path(target).parent
-        while str(parent) != "/":
-            parents.add(str(parent))
-            parent = parent.parent
-    args: list[str] = []
-    for path in sorted(parents, key=lambda p: p.count("/")):
-        args += ["--perms", "0755", "--dir", path]
-    return args
-
-
-def _within(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
 
 
 def worker_source() -> Path:
