@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loop.config import ConfigError, RunConfig
-from loop.generators.base import Generator
+from loop.generators.base import Generator, GeneratorError
 from loop.models import resolve_model
 from sandbox import KernelPool, Limits
 from tasks import get_suite
@@ -154,11 +154,16 @@ def build_training(config: RunConfig) -> Iterator[Any]:
         gradient_checkpointing=config.model.gradient_checkpointing,
     )
     distributed.shard_model(policy.model)  # FSDP2 with several processes; else nothing
-    generator = _training_generator(config, policy, lora)
+    # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
+    generator: Any = _IdleGenerator()
+    pool: Any = contextlib.nullcontext(None)
+    if distributed.is_main():
+        generator = _training_generator(config, policy, lora)
+        pool = build_pool(config, size=size)
     try:
-        with build_pool(config, size=size) as pool:
-            yield TrainParts(policy, generator, policy.tokenizer, suite, pool)
+        with pool as entered:
+            yield TrainParts(policy, generator, policy.tokenizer, suite, entered)
     finally:
         _close(generator)
         distributed.shutdown()
@@ -183,6 +188,21 @@ def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
         seed=config.seed,
         tensor_parallel_size=config.generator.tensor_parallel_size,
     )
+
+
+class _IdleGenerator:
+    """The generator of a learner process other than rank 0, which never samples."""
+
+    name = "idle"
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise GeneratorError("only the rank-0 process samples rollouts")
+
+    def load_adapter(self, path: Path | None) -> None:
+        """Nothing to load: this process has no engine."""
+
+    async def close(self) -> None:
+        """Nothing to release."""
 
 
 def _close(generator: Any) -> None:

@@ -78,24 +78,34 @@ def load_weights(model: Any, checkpoint: Path) -> None:
 def save_checkpoint(
     root: Path, iteration: int, model: Any, state: dict[str, Any], keep: int
 ) -> Path:
-    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints."""
-    root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob(".tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints.
+
+    Collective with several processes: every rank calls it (the weights are gathered from the
+    shards); only rank 0 touches the files.
+    """
+    from loop import distributed
+
+    main = distributed.is_main()
     final = root / f"iter-{iteration}"
     tmp = root / f".tmp-iter-{iteration}-{os.getpid()}"
-    tmp.mkdir()
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        for leftover in root.glob(".tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp.mkdir()
+    tmp = Path(distributed.broadcast_object(str(tmp)))
     is_lora = hasattr(model, "peft_config")
     save_weights(model, tmp / ("adapter" if is_lora else "model"))
-    state = {**state, "iteration": iteration, "rng": rng_state()}
-    torch.save(state, tmp / STATE_FILE)
-    _fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if main:
+        torch.save({**state, "iteration": iteration, "rng": rng_state()}, tmp / STATE_FILE)
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
     return final
 
 

@@ -149,7 +149,7 @@ class Learner:
         self.model.train()
         rng = random.Random(seed)
         order = list(range(len(samples)))
-        minibatch = self.minibatch_size
+        minibatch = self.local_minibatch_size()
         for _epoch in range(self.epochs):
             rng.shuffle(order)
             for start in range(0, len(order), minibatch):
@@ -164,6 +164,16 @@ class Learner:
         self.step_schedule()
         return stats
 
+    def local_minibatch_size(self) -> int:
+        """This process's share of a minibatch (the rollouts are sharded equally)."""
+        world = distributed.world_size()
+        if self.minibatch_size % world:
+            raise ValueError(
+                f"train.minibatch_size={self.minibatch_size} must be a multiple of the "
+                f"{world} learner processes"
+            )
+        return self.minibatch_size // world
+
     def step_schedule(self) -> None:
         """The once-per-iteration schedule step (also when no optimizer step was taken)."""
         with warnings.catch_warnings():  # torch warns when no optimizer step came first
@@ -174,7 +184,7 @@ class Learner:
         """One optimizer step over `minibatch`; False when a guard stops the iteration."""
         self.optimizer.zero_grad(set_to_none=True)
         scale = distributed.world_size() / self.minibatch_size
-        loss_sum, clipped, units, log_ratio_sums = 0.0, 0.0, 0, []
+        loss_sum, clipped, units, tokens, log_ratio_sums = 0.0, 0.0, 0, 0, []
         for chunk in _chunks(minibatch, self.micro_batch_size):
             batch = self._collate(chunk)
             out = self._policy_loss(batch)
@@ -183,8 +193,14 @@ class Learner:
             clipped += float(out.clipped.detach().sum())
             units += len(chunk)
             log_ratio_sums.append(out.log_ratio_sum.detach().float().cpu())
-            stats.trained_tokens += int(batch.is_output.sum())
-        if not distributed.all_true(math.isfinite(loss_sum)):
+            tokens += int(batch.is_output.sum())
+        # Totals over every process, so metrics and guards see the global minibatch.
+        loss_sum, clipped, total_units, total_tokens = distributed.all_sum(
+            [loss_sum, clipped, units, tokens]
+        )
+        units = int(total_units)
+        stats.trained_tokens += int(total_tokens)
+        if not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
             stats.skipped_nan += 1
             self.nan_steps_total += 1
@@ -251,9 +267,12 @@ class Learner:
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, schedule and step counters (the weights are saved separately)."""
+        """Optimizer, schedule and step counters (the weights are saved separately).
+
+        Collective with several processes: every rank calls it; rank 0 gets the full state.
+        """
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": distributed.optimizer_state_dict(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "global_step": self.global_step,
             "nan_steps_total": self.nan_steps_total,
@@ -261,7 +280,7 @@ class Learner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        distributed.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
         self.nan_steps_total = int(state["nan_steps_total"])

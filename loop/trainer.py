@@ -174,6 +174,11 @@ def check_trainable(config: RunConfig) -> None:
         )
     if config.generator.backend == "hf" and distributed.world_size() > 1:
         raise ConfigError("several learner processes need generator.backend vllm, not hf")
+    if config.train.minibatch_size % distributed.world_size():
+        raise ConfigError(
+            f"train.minibatch_size={config.train.minibatch_size} must be a multiple of the "
+            f"{distributed.world_size()} learner processes"
+        )
     if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
 
@@ -373,8 +378,8 @@ def sync_weights(parts: TrainParts, run_dir: Path, iteration: int) -> None:
     if parts.generator.name == "hf":
         return
     target = run_dir / "adapter-sync" / f"iter-{iteration + 1}"
+    checkpoint.save_weights(parts.policy.model, target)  # collective: shards gathered to rank 0
     if distributed.is_main():
-        checkpoint.save_weights(parts.policy.model, target)
         parts.generator.load_adapter(target)
     distributed.barrier()
 
@@ -437,11 +442,9 @@ def _learner_logprobs(sample: Sample | None, length: int) -> list[float | None] 
 def save(
     run_dir: Path, iteration: int, policy: Any, learner: Learner, sampler: TaskSampler, keep: int
 ) -> None:
-    """An atomic checkpoint after `iteration` completed iterations (main process writes)."""
-    if distributed.is_main():
-        state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
-        checkpoint.save_checkpoint(run_dir / "checkpoints", iteration, policy.model, state, keep)
-    distributed.barrier()
+    """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes)."""
+    state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
+    checkpoint.save_checkpoint(run_dir / "checkpoints", iteration, policy.model, state, keep)
 
 
 def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:
