@@ -237,11 +237,19 @@ def open_run(config: RunConfig, run_dir: Path, start: int) -> RunLog:
     log_path = run_dir / "metrics.jsonl"
     if log_path.exists():  # keep the records of completed iterations only (none when fresh)
         lines = log_path.read_text().splitlines(keepends=True)
-        log_path.write_text("".join(ln for ln in lines if json.loads(ln)["iteration"] < start))
+        log_path.write_text("".join(ln for ln in lines if _logged_iteration(ln) < start))
     return RunLog(
         run_dir, tensorboard=config.train.tensorboard,
         wandb_project=config.train.wandb_project, config=config.to_dict(),
     )  # fmt: skip
+
+
+def _logged_iteration(line: str) -> float:
+    """The iteration of a metrics.jsonl line (a line cut short by a kill counts as unfinished)."""
+    try:
+        return float(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def stress_test(learner: Learner, seq_len: int) -> None:

@@ -278,3 +278,14 @@ def test_train_cli_reports_a_bad_config_in_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines()[-1] == (
         "train.py: train.epochs: expected int, got 'two'"
     )
+
+
+def test_resuming_keeps_the_log_of_completed_iterations_only(tmp_path: Path) -> None:
+    from loop.trainer import open_run
+
+    config = load_config(None, [f"output_dir={tmp_path}", "name=r", "train.tensorboard=false"])
+    log = tmp_path / "r" / "metrics.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text('{"iteration": 0, "a": 1}\n{"iteration": 1, "a": 2}\n{"iteration": 2, "a"')
+    open_run(config, config.run_dir, start=1).close()  # iteration 1 was logged, not saved
+    assert log.read_text() == '{"iteration": 0, "a": 1}\n'
