@@ -289,3 +289,28 @@ def test_resuming_keeps_the_log_of_completed_iterations_only(tmp_path: Path) -> 
     log.write_text('{"iteration": 0, "a": 1}\n{"iteration": 1, "a": 2}\n{"iteration": 2, "a"')
     open_run(config, config.run_dir, start=1).close()  # iteration 1 was logged, not saved
     assert log.read_text() == '{"iteration": 0, "a": 1}\n'
+
+
+def test_learner_skips_a_non_finite_step_and_counts_it() -> None:
+    from loop.batch import Sample
+    from loop.learner import NonFiniteLossError
+
+    policy = synthetic_policy()
+    learner = Learner(policy, lr=1e-3, weight_decay=0.0, minibatch_size=2, max_nan_steps=1)
+    tokens = torch.arange(3, 13)
+    is_output = torch.zeros(10, dtype=torch.bool)
+    is_output[6:] = True
+
+    def sample() -> Sample:
+        return Sample(
+            tokens, is_output, torch.full((10,), float("nan")), torch.where(is_output, 0, -1),
+            torch.where(is_output, 1.0, 0.0), old_logprobs=torch.full((10,), float("nan")),
+        )  # fmt: skip
+
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    stats = learner.learn([sample(), sample()], seed=0)  # NaN old log-probs: a NaN loss
+    assert stats.skipped_nan == 1 and stats.optimizer_steps == 0 and stats.stopped_early
+    after = policy.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was applied
+    with pytest.raises(NonFiniteLossError, match="max_nan_steps"):
+        learner.learn([sample(), sample()], seed=1)  # the second one passes max_nan_steps=1
