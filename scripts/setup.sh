@@ -10,17 +10,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 
-if ! command -v bwrap >/dev/null 2>&1; then
+# apt_install PACKAGE WARNING: install a Debian package as root or through sudo; else warn.
+apt_install() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing bubblewrap (apt-get)"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    echo "setup: installing $1 (apt-get)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
   elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing bubblewrap (sudo apt-get)"
-    sudo apt-get install -y -qq bubblewrap >/dev/null
+    echo "setup: installing $1 (sudo apt-get)"
+    sudo apt-get install -y -qq "$1" >/dev/null
   else
-    echo "setup: WARNING: bubblewrap is missing and cannot be installed here;" \
-         "sandboxes will run without namespaces (see sandbox/__init__.py)" >&2
+    echo "setup: WARNING: $1 is missing and cannot be installed here; $2" >&2
   fi
+}
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  apt_install bubblewrap "sandboxes will run without namespaces (see sandbox/__init__.py)"
 fi
 
 extras=""
@@ -32,16 +36,7 @@ esac
 # The report's browser tests (tests/inspect) render it in headless Chromium from Debian.
 if [ "${1:-}" = test ] && ! command -v chromium >/dev/null 2>&1 \
    && ! command -v chromium-browser >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing chromium (apt-get)"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing chromium (sudo apt-get)"
-    sudo apt-get install -y -qq chromium >/dev/null
-  else
-    echo "setup: WARNING: chromium is missing and cannot be installed here; the report's" \
-         "browser tests will fail (LOOP_SKIP_BROWSER_TESTS=1 skips them)" >&2
-  fi
+  apt_install chromium "the report's browser tests will fail (LOOP_SKIP_BROWSER_TESTS=1 skips them)"
 fi
 PIP="$PYTHON -m pip install -q --disable-pip-version-check"
 if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
