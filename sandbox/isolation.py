@@ -188,21 +188,7 @@ def _bwrap_args(limits: Limits, plan: LaunchPlan) -> list[str]:
     args += ["--clearenv"]
     for key, value in kernel_env(plan).items():
         args += ["--setenv", key, value]
-    for top in ("bin", "lib", "lib64", "sbin"):  # merged-/usr systems have these as symlinks
-        top_dir = Path("/") / top
-        if top_dir.is_symlink():
-            args += ["--symlink", str(top_dir.readlink()), str(top_dir)]
-        elif top_dir.is_dir():
-            args += ["--ro-bind", str(top_dir), str(top_dir)]
-    args += ["--dev", "/dev", "--proc", "/proc"]
-    args += [
-        "--perms",
-        "1777",
-        "--size",
-        str(max(1, limits.tmp_mb) * 1024 * 1024),
-        "--tmpfs",
-        "/tmp",
-    ]
+    args += system_dir_args(limits.tmp_mb)
     ro_binds = ["/usr", *_python_dirs()]
     ro_binds += [str(Path("/etc") / name) for name in ETC_ALLOWED if (Path("/etc") / name).exists()]
     args += make_parent_dirs([*ro_binds, SANDBOX_HOME, str(plan.chan_dir)])
@@ -259,6 +245,20 @@ def _own_package_dirs(bound: list[str]) -> list[str]:
             if any(is_within(real, b) for b in bound):
                 hidden.append(real)
     return hidden
+
+
+def system_dir_args(tmp_mb: int) -> list[str]:
+    """bwrap arguments for the top-level system directories, /dev, /proc and a capped /tmp."""
+    args: list[str] = []
+    for top in ("bin", "lib", "lib64", "sbin"):  # merged-/usr systems have these as symlinks
+        top_dir = Path("/") / top
+        if top_dir.is_symlink():
+            args += ["--symlink", str(top_dir.readlink()), str(top_dir)]
+        elif top_dir.is_dir():
+            args += ["--ro-bind", str(top_dir), str(top_dir)]
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    args += ["--perms", "1777", "--size", str(max(1, tmp_mb) * 1024 * 1024), "--tmpfs", "/tmp"]
+    return args
 
 
 def make_parent_dirs(targets: list[str]) -> list[str]:

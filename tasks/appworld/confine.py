@@ -33,6 +33,7 @@ from sandbox.isolation import (
     LaunchPlan,
     is_within,
     make_parent_dirs,
+    system_dir_args,
     write_etc,
 )
 from sandbox.process import allocate_uid, next_sandbox_number, remove_directory
@@ -157,14 +158,7 @@ def _bwrap_args(limits: Limits, engine: EngineDir, python: Path, data: Path) -> 
     args += ["--new-session", "--clearenv"]
     for key, value in environment(engine, python).items():
         args += ["--setenv", key, value]
-    for top in ("bin", "lib", "lib64", "sbin"):  # merged-/usr systems have these as symlinks
-        top_dir = Path("/") / top
-        if top_dir.is_symlink():
-            args += ["--symlink", str(top_dir.readlink()), str(top_dir)]
-        elif top_dir.is_dir():
-            args += ["--ro-bind", str(top_dir), str(top_dir)]
-    args += ["--dev", "/dev", "--proc", "/proc"]
-    args += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    args += system_dir_args(limits.tmp_mb)
     ro_binds = ["/usr", *python_dirs(python), str(data.resolve()), str(engine.path / "worker.py")]
     ro_binds += [str(Path("/etc") / n) for n in ETC_ALLOWED if (Path("/etc") / n).exists()]
     args += make_parent_dirs([*ro_binds, str(engine.home)])
