@@ -81,10 +81,7 @@ def compute_loo_advantages(
     Returns `Advantages` with (G, K) advantages. `min_group_size` must be >= 2: the baseline
     of a lone rollout is undefined.
     """
-    _check_group_inputs(rewards, present, min_group_size, minimum=2)
-    values = _as_float(rewards)
-    kept = present.sum(dim=1) >= min_group_size
-    valid = present & kept[:, None]
+    values, valid, kept = _survivors(rewards, present, min_group_size, minimum=2)
     advantages = _relative_to_group(values, valid, leave_one_out=True)
     if normalize_std:
         std = _group_std(values, valid, sample=False)
@@ -110,10 +107,7 @@ def compute_group_advantages(
     add 1e-6). With one survivor (min_group_size=1) the std is taken as 0, so A = 0.
     normalize_std=False: the leave-none-out baseline R_i - mean R (reference `leave_none_out`).
     """
-    _check_group_inputs(rewards, present, min_group_size, minimum=1)
-    values = _as_float(rewards)
-    kept = present.sum(dim=1) >= min_group_size
-    valid = present & kept[:, None]
+    values, valid, kept = _survivors(rewards, present, min_group_size, minimum=1)
     advantages = _relative_to_group(values, valid, leave_one_out=False)
     if normalize_std:
         advantages = advantages / (_group_std(values, valid, sample=True) + std_eps)
@@ -127,10 +121,7 @@ def compute_reinforce_advantages(
 
     rewards, present: (G, K). Returns `Advantages` with (G, K) advantages.
     """
-    _check_group_inputs(rewards, present, min_group_size, minimum=1)
-    values = _as_float(rewards)
-    kept = present.sum(dim=1) >= min_group_size
-    valid = present & kept[:, None]
+    values, valid, kept = _survivors(rewards, present, min_group_size, minimum=1)
     return Advantages(torch.where(valid, values, 0.0), valid, kept)
 
 
@@ -273,6 +264,15 @@ def _check_group_inputs(
         raise ValueError(f"present must be bool, got {present.dtype}")
     if min_group_size < minimum:
         raise ValueError(f"min_group_size must be >= {minimum}, got {min_group_size}")
+
+
+def _survivors(
+    rewards: Tensor, present: Tensor, min_group_size: int, minimum: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Checked float rewards (G, K), valid rollouts (G, K) and kept groups (G,)."""
+    _check_group_inputs(rewards, present, min_group_size, minimum)
+    kept = present.sum(dim=1) >= min_group_size
+    return _as_float(rewards), present & kept[:, None], kept
 
 
 def _as_float(values: Tensor) -> Tensor:
