@@ -67,10 +67,7 @@ def build_tokenizer(config: RunConfig) -> Any:
 def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[Generator, Any]:
     """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied."""
     backend = config.generator.backend
-    if config.model.torch_threads is not None:
-        import torch
-
-        torch.set_num_threads(config.model.torch_threads)  # sandboxes share these cores
+    _set_torch_threads(config)
     if backend == "hf":
         from loop.generators.hf import HFGenerator
         from loop.policy import load_policy
@@ -89,16 +86,7 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
         return generator, policy.tokenizer
     tokenizer = build_tokenizer(config)
     if backend == "vllm":
-        from loop.generators.vllm import VLLMGenerator
-
-        generator = VLLMGenerator(
-            resolve_model(config.model.name),
-            dtype=config.model.dtype,
-            max_model_len=config.generator.max_model_len,
-            gpu_memory_utilization=config.generator.gpu_memory_utilization,
-            enable_lora=checkpoint is not None,
-            seed=config.seed,
-        )
+        generator = _vllm_generator(config, enable_lora=checkpoint is not None)
         if checkpoint is not None:
             generator.load_adapter(checkpoint)
         return generator, tokenizer
@@ -119,21 +107,16 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
 @contextlib.contextmanager
 def build_training(config: RunConfig) -> Iterator[Any]:
     """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
+    import torch
+
     from loop import distributed
     from loop.policy import LoraSettings, load_policy
     from loop.trainer import TrainParts
 
     distributed.init_from_env()  # under torchrun / accelerate launch; before the model loads
-    if config.model.torch_threads is not None:
-        import torch
-
-        torch.set_num_threads(config.model.torch_threads)
+    _set_torch_threads(config)
     if config.train.deterministic:
-        import torch
-
         torch.use_deterministic_algorithms(True)
-    import torch
-
     torch.manual_seed(config.seed)
     suite = build_suite(config)
     lora = None
@@ -176,6 +159,11 @@ def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
         return HFGenerator(policy, max_batch_size=config.generator.max_batch_size)
     if config.generator.backend != "vllm":
         raise ConfigError("training needs generator.backend hf or vllm")
+    return _vllm_generator(config, enable_lora=lora is not None)
+
+
+def _vllm_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
+    """The in-process vLLM engine for the config's model (LoRA slots when adapters will come)."""
     from loop.generators.vllm import VLLMGenerator
 
     return VLLMGenerator(
@@ -183,11 +171,19 @@ def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
         dtype=config.model.dtype,
         max_model_len=config.generator.max_model_len,
         gpu_memory_utilization=config.generator.gpu_memory_utilization,
-        enable_lora=lora is not None,
+        enable_lora=enable_lora,
         max_lora_rank=max(config.model.lora_rank, 1),
         seed=config.seed,
         tensor_parallel_size=config.generator.tensor_parallel_size,
     )
+
+
+def _set_torch_threads(config: RunConfig) -> None:
+    """Cap torch's CPU threads where configured (sandboxes and vLLM's worker share the cores)."""
+    if config.model.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.model.torch_threads)
 
 
 class _IdleGenerator:
