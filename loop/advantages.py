@@ -17,6 +17,9 @@ Where each formula comes from (loop_spec.md = ../shared/reference/loop_spec.md):
   (R_i - mean R) / (std R + eps) with the sample std; `normalize_std=False` gives the
   reference code's `leave_none_out` baseline, R_i - mean R.
 - `compute_reinforce_advantages`: A = R (no baseline; MT-GRPO paper Eq. 6).
+- `compute_filter_advantages`: expert iteration ([P] App. C, "EI"): A = 1 for a rollout whose
+  return reaches the threshold (1.0 in the paper), else 0; with the cross-entropy update the
+  kept rollouts are imitated and the rest ignored.
 - `compute_turn_advantages`: turn-level credit, MT-GRPO Eq. 9 (group-normalised) and MT-RLOO
   Eq. 11 (leave-one-out), generalised from two turns to many; see its docstring.
 - `filter_by_magnitude`: the reference code's `_filter_rollouts` threshold |A| >= 0.01
@@ -123,6 +126,19 @@ def compute_reinforce_advantages(
     """
     values, valid, kept = _survivors(rewards, present, min_group_size, minimum=1)
     return Advantages(torch.where(valid, values, 0.0), valid, kept)
+
+
+def compute_filter_advantages(
+    rewards: Tensor, present: Tensor, *, threshold: float = 1.0, min_group_size: int = 1
+) -> Advantages:
+    """Expert iteration's selection: A_i = 1 where R_i >= threshold, else 0 (present rollouts).
+
+    rewards, present: (G, K). `valid` is every present rollout of a kept group; the magnitude
+    filter (|A| >= adv_threshold) then keeps exactly the rollouts at or above the threshold.
+    """
+    values, valid, kept = _survivors(rewards, present, min_group_size, minimum=1)
+    reached = valid & (values >= threshold)
+    return Advantages(reached.to(values.dtype), valid, kept)
 
 
 def compute_turn_advantages(

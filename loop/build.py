@@ -47,6 +47,20 @@ def build_suite(config: RunConfig) -> Any:
         raise ConfigError(f"suite appworld: {exc}") from None
 
 
+def check_splits(config: RunConfig, suite: Any) -> None:
+    """Every split the config names exists in the suite (else a one-line ConfigError)."""
+    named = {"train.split": config.train.split, "eval.split": config.eval.split}
+    named |= {f"eval.more_splits[{i}]": s for i, s in enumerate(config.eval.more_splits)}
+    if config.warm_start.source in ("gold", "rft"):
+        named["warm_start.split"] = config.warm_start.split
+    for key, split in named.items():
+        try:
+            suite.tasks(split)
+        except (KeyError, ValueError, AssertionError) as exc:
+            reason = exc.args[0] if exc.args else split
+            raise ConfigError(f"{key}: {reason}") from None
+
+
 def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
     """A warm pool of sandboxes sized for the run."""
     return KernelPool(
@@ -119,6 +133,7 @@ def build_training(config: RunConfig) -> Iterator[Any]:
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(config.seed)
     suite = build_suite(config)
+    check_splits(config, suite)
     lora = None
     if config.model.lora_rank > 0:
         lora = LoraSettings(

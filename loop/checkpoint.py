@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 STATE_FILE = "trainer_state.pt"
+ADAPTER_FILE = "adapter_model.safetensors"
 _NAME = re.compile(r"^iter-(\d+)$")
 
 
@@ -54,14 +55,8 @@ def load_weights(model: Any, checkpoint: Path) -> None:
     """Load what `save_weights` wrote in `checkpoint` into `model` (adapter or full weights)."""
     from safetensors.torch import load_file
 
-    adapter = checkpoint / "adapter" / "adapter_model.safetensors"
-    if adapter.is_file():
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, load_file(str(adapter)))
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise ValueError(f"{checkpoint}: adapter does not match the model ({unexpected[0]})")
+    if (checkpoint / "adapter" / ADAPTER_FILE).is_file():
+        load_adapter(model, checkpoint / "adapter")
         return
     full = checkpoint / "model" / "model.safetensors"
     if full.is_file():
@@ -73,6 +68,33 @@ def load_weights(model: Any, checkpoint: Path) -> None:
             model.load_state_dict(load_file(str(shard)), strict=False)
         return
     raise FileNotFoundError(f"{checkpoint}: neither adapter/ nor model/ weights found")
+
+
+def load_adapter(model: Any, adapter: Path) -> None:
+    """A PEFT adapter directory's LoRA weights into `model`, a peft model with the same LoRA.
+
+    Raises ValueError when the adapter's tensors and the model's LoRA do not match (another
+    rank, other target modules, another base model), FileNotFoundError when it has no weights.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if not (adapter / ADAPTER_FILE).is_file():
+        raise FileNotFoundError(f"{adapter}: no {ADAPTER_FILE} (not a PEFT adapter directory)")
+    if not hasattr(model, "peft_config"):
+        raise ValueError(f"{adapter}: a LoRA adapter needs a LoRA policy (model.lora_rank > 0)")
+    try:
+        result = set_peft_model_state_dict(model, load_file(str(adapter / ADAPTER_FILE)))
+    except RuntimeError as exc:  # shape mismatch: another rank or base model
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{adapter}: adapter does not fit the model ({first})") from None
+    unexpected = getattr(result, "unexpected_keys", [])
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if unexpected or missing:
+        raise ValueError(
+            f"{adapter}: adapter does not match the model's LoRA ({len(unexpected)} unexpected, "
+            f"{len(missing)} missing tensors)"
+        )
 
 
 def save_checkpoint(

@@ -37,6 +37,7 @@ class ModelConfig:
     load_in_4bit: bool = False  # 4-bit base via bitsandbytes (CUDA only)
     gradient_checkpointing: bool = False
     torch_threads: int | None = None  # CPU threads for torch ops (None: torch's default)
+    init_adapter: str | None = None  # start from this PEFT LoRA adapter directory (LoRA only)
 
 
 @dataclass
@@ -74,13 +75,15 @@ class AgentConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     rollout_timeout_s: float = 3600.0  # wall time of one rollout (status "timeout")
+    worked_example: bool = True  # show the suite's worked example in the prompt (the paper does)
 
 
 @dataclass
 class EvalConfig:
     """evaluate.py and the trainer's periodic evaluation."""
 
-    split: Literal["train", "dev", "test_normal", "test_challenge"] = "dev"
+    split: str = "dev"  # the suite's split to evaluate (apptown adds easy and easy_heldout)
+    more_splits: list[str] = field(default_factory=list)  # also evaluated during training
     rollouts_per_task: int = 1  # K for pass@k
     limit: int | None = None  # evaluate only the first N tasks of the split
     max_concurrent_rollouts: int = 8
@@ -100,11 +103,15 @@ class TrainConfig:
     rollouts_fraction: float = 0.9  # straggler cut-off: stop once this share of rollouts is done
     min_rollouts_per_task: int = 4  # ... and every task has at least this many
     reward: Literal["fraction", "success"] = "fraction"  # fraction of tests passed, or all passed
-    advantage: Literal["loo", "grpo", "turn", "reinforce"] = "loo"
+    # loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches
+    # return_threshold, else 0: expert iteration, with loss cross_entropy)
+    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter"] = "loo"
+    return_threshold: float = 1.0  # advantage filter: the return a rollout must reach (EI: 1.0)
     normalize_advantage: bool = False  # loo only: divide by the group std ("LOOP RwNorm")
     turn_coef: float = 1.0  # advantage turn: weight of the turn-level advantage (MT-GRPO)
     adv_threshold: float = 0.01  # drop rollouts with |A| below this before learning
-    loss: Literal["ppo", "reinforce"] = "ppo"  # clipped surrogate, or REINFORCE without clipping
+    # clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)
+    loss: Literal["ppo", "reinforce", "cross_entropy"] = "ppo"
     ratio_level: Literal["token", "turn", "trajectory"] = "token"  # importance-weight granularity
     clip_eps: float = 0.1  # PPO epsilon
     clip_lower: Literal["reciprocal", "symmetric"] = "reciprocal"  # [1/(1+eps), 1+eps] or 1-eps
@@ -124,6 +131,9 @@ class TrainConfig:
     horizon_start: int | None = None  # turn limit of iteration 0 (None: agent.max_turns)
     horizon_step: int = 0  # ScalingInter-RL: the turn limit grows by this ...
     horizon_every: int = 1  # ... every this many iterations, up to agent.max_turns
+    # A task whose last group carried no signal (every rollout the same reward: all solved or
+    # all failed) is drawn with this probability when its turn comes (1.0: always, the paper).
+    no_signal_draw_prob: float = 1.0
     eval_every: int = 5  # evaluate on eval.split before every n-th iteration (0: never)
     checkpoint_every: int = 1  # save every n iterations (and after the last)
     keep_checkpoints: int = 3  # keep the last n checkpoints
@@ -131,6 +141,29 @@ class TrainConfig:
     tensorboard: bool = True
     wandb_project: str | None = None  # log to Weights & Biases too (needs wandb installed)
     deterministic: bool = False  # torch deterministic algorithms (reproducible on CPU)
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised fine-tuning before RL (loop/warmstart.py; the paper's SFT-GT and RFT)."""
+
+    # none | gold (the suite's gold solutions played as agent episodes) | rollouts (successful
+    # rollouts from `rollouts`, replayed) | rft (rejection sampling over a temperature ladder)
+    source: Literal["none", "gold", "rollouts", "rft"] = "none"
+    split: str = "train"  # tasks of the gold demonstrations and of RFT
+    max_difficulty: int | None = None  # keep only tasks up to this difficulty
+    style: Literal["episode", "paper"] = "episode"  # paper: "Execution successful." observations
+    rollouts: list[str] = field(default_factory=list)  # run dirs, eval dirs or rollouts files
+    min_reward: float = 1.0  # rollouts and rft: keep rollouts whose reward reaches this
+    epochs: int = 3  # passes over the demonstrations
+    lr: float = 1e-3  # AdamW, constant
+    minibatch_size: int = 8  # demonstrations per optimizer step
+    select: Literal["last", "dev"] = "last"  # dev: evaluate after each epoch, keep the best
+    rft_temperatures: list[float] = field(
+        default_factory=lambda: [round(0.05 * i, 2) for i in range(1, 21)]
+    )  # the paper's ladder: 0.05 to 1.0 in steps of 0.05
+    rft_passes: int = 1  # passes over the ladder for tasks still unsolved (paper: until 8 h)
+    cache: bool = True  # reuse an adapter trained on the same data with the same settings
 
 
 @dataclass
@@ -147,6 +180,7 @@ class RunConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -222,6 +256,10 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}, got {value!r}")
@@ -261,12 +299,16 @@ def _check_values(config: RunConfig) -> None:
         raise ConfigError("generator.backend openai needs generator.base_url and served_model")
     if config.agent.max_new_tokens >= config.agent.max_context_tokens:
         raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
-    _check_train(config.train)
+    _check_train(config.train, warm_start=config.warm_start.source != "none")
+    _check_warm_start(config)
 
 
-def _check_train(train: TrainConfig) -> None:
+def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
+    if train.iterations < 0 or (train.iterations == 0 and not warm_start):
+        raise ConfigError(
+            f"train.iterations: must be > 0 (0 only with a warm_start), got {train.iterations}"
+        )
     positive = {
-        "train.iterations": train.iterations,
         "train.tasks_per_iteration": train.tasks_per_iteration,
         "train.rollouts_per_task": train.rollouts_per_task,
         "train.max_concurrent_rollouts": train.max_concurrent_rollouts,
@@ -305,6 +347,36 @@ def _check_train(train: TrainConfig) -> None:
         raise ConfigError("train.strictly_on_policy needs train.epochs=1 (one on-policy pass)")
     if train.horizon_start is not None and train.horizon_start < 1:
         raise ConfigError(f"train.horizon_start: must be >= 1, got {train.horizon_start}")
+    if not 0 < train.no_signal_draw_prob <= 1:
+        raise ConfigError(
+            f"train.no_signal_draw_prob: must be in (0, 1], got {train.no_signal_draw_prob}"
+        )
+    if train.loss == "cross_entropy" and train.advantage != "filter":
+        raise ConfigError(
+            "train.loss cross_entropy trains on the rollouts that advantage filter keeps: "
+            f"set train.advantage=filter (got {train.advantage})"
+        )
+
+
+def _check_warm_start(config: RunConfig) -> None:
+    warm = config.warm_start
+    positive = {
+        "warm_start.epochs": warm.epochs,
+        "warm_start.lr": warm.lr,
+        "warm_start.minibatch_size": warm.minibatch_size,
+        "warm_start.rft_passes": warm.rft_passes,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if warm.source == "rollouts" and not warm.rollouts:
+        raise ConfigError("warm_start.source rollouts needs warm_start.rollouts (paths)")
+    if warm.source == "rft" and (not warm.rft_temperatures or min(warm.rft_temperatures) < 0):
+        raise ConfigError("warm_start.rft_temperatures: a non-empty list of temperatures >= 0")
+    if warm.source != "none" and config.model.lora_rank == 0:
+        raise ConfigError("warm_start needs a LoRA policy (model.lora_rank > 0)")
+    if config.model.init_adapter is not None and config.model.lora_rank == 0:
+        raise ConfigError("model.init_adapter needs a LoRA policy (model.lora_rank > 0)")
 
 
 def _first_line(exc: Exception) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from loop.advantages import (
+    compute_filter_advantages,
     compute_group_advantages,
     compute_loo_advantages,
     compute_reinforce_advantages,
@@ -63,8 +64,10 @@ def assign_credit(
     threshold: float,
     normalize: bool = False,
     turn_coef: float = 1.0,
+    return_threshold: float = 1.0,
 ) -> Credit:
-    """Advantages for every rollout of every group (method: loo, grpo, turn or reinforce)."""
+    """Advantages for every rollout of every group (method: loo, grpo, turn, reinforce or
+    filter; `return_threshold` is filter's)."""
     if not any(groups):  # nothing collected (or a learner process that collects nothing)
         return Credit([], [], [], [], 0, 0)
     width = max(len(g) for g in groups)
@@ -92,6 +95,8 @@ def assign_credit(
             adv = compute_group_advantages(rewards, present)
         elif method == "reinforce":
             adv = compute_reinforce_advantages(rewards, present)
+        elif method == "filter":
+            adv = compute_filter_advantages(rewards, present, threshold=return_threshold)
         else:
             raise ValueError(f"unknown advantage estimator {method!r}")
         valid, kept_groups = adv.valid, adv.kept_groups

@@ -21,11 +21,11 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from loop.build import build_generator, build_pool, build_suite
+from loop.build import build_generator, build_pool, build_suite, check_splits
 from loop.config import RunConfig
 from loop.generators.base import Generator
 from loop.metrics import compute_metrics
-from loop.prompt import worked_example
+from loop.prompt import prompt_example
 from loop.rollout import RolloutJob, collect_rollouts
 from loop.trajectory import Trajectory
 
@@ -50,9 +50,12 @@ async def run_evaluation(
     tokenizer: Any,
     out_dir: Path,
     show_progress: bool = True,
+    split: str | None = None,
 ) -> dict[str, float]:
-    """Roll out the configured split, write rollouts and metrics under `out_dir`, return metrics."""
-    tasks = suite.tasks(config.eval.split)
+    """Roll out `split` (default: eval.split), write rollouts and metrics under `out_dir`,
+    return the metrics."""
+    split = split or config.eval.split
+    tasks = suite.tasks(split)
     if config.eval.limit is not None:
         tasks = tasks[: config.eval.limit]
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
@@ -60,11 +63,12 @@ async def run_evaluation(
     if config.eval.temperature is not None:
         settings = dataclasses.replace(settings, temperature=config.eval.temperature)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    written = dataclasses.replace(config, eval=dataclasses.replace(config.eval, split=split))
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(written.to_dict(), sort_keys=False))
     rollouts_path = out_dir / "rollouts.jsonl"
     progress = tqdm(
         total=len(jobs),
-        desc=f"eval {config.eval.split}",
+        desc=f"eval {split}",
         unit="rollout",
         disable=not show_progress,
         file=sys.stderr,
@@ -82,7 +86,7 @@ async def run_evaluation(
 
         trajectories = await collect_rollouts(
             jobs, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
-            settings=settings, example=list(worked_example(suite)),
+            settings=settings, example=prompt_example(suite, config.agent.worked_example),
             max_concurrent=config.eval.max_concurrent_rollouts, on_done=record,
         )  # fmt: skip
     progress.close()
@@ -95,6 +99,7 @@ def evaluate(config: RunConfig, checkpoint: Path | None = None) -> dict[str, flo
     """Build everything from the config, evaluate, print a summary table; returns the metrics."""
     started = time.monotonic()
     suite = build_suite(config)
+    check_splits(config, suite)
     generator, tokenizer = build_generator(config, checkpoint)
     out_dir = config.run_dir / "eval" / config.eval.split
     size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)

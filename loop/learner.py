@@ -36,7 +36,12 @@ from torch import Tensor
 from loop import distributed
 from loop.batch import Batch, Sample, collate
 from loop.logprobs import token_logprobs
-from loop.losses import clipped_surrogate_loss, kl_estimates, reinforce_loss
+from loop.losses import (
+    clipped_surrogate_loss,
+    cross_entropy_loss,
+    kl_estimates,
+    reinforce_loss,
+)
 from loop.policy import Policy
 
 
@@ -89,7 +94,7 @@ class Learner:
         *,
         lr: float,
         weight_decay: float,
-        loss: Literal["ppo", "reinforce"] = "ppo",
+        loss: Literal["ppo", "reinforce", "cross_entropy"] = "ppo",
         ratio_level: Literal["token", "turn", "trajectory"] = "token",
         clip_eps: float = 0.1,
         clip_lower: Literal["reciprocal", "symmetric"] = "reciprocal",
@@ -144,7 +149,7 @@ class Learner:
     def learn(self, samples: Sequence[Sample], *, seed: int) -> LearnStats:
         """`epochs` shuffled passes of minibatch steps over `samples` (old log-probs set)."""
         stats = LearnStats()
-        if any(s.old_logprobs is None for s in samples):
+        if self.loss == "ppo" and any(s.old_logprobs is None for s in samples):
             raise ValueError("learn() needs old log-probs: call recompute_old_logprobs first")
         self.model.train()
         rng = random.Random(seed)
@@ -229,6 +234,8 @@ class Learner:
     def _policy_loss(self, batch: Batch) -> Any:
         logprobs = self._logprobs(batch)
         mask = batch.is_output
+        if self.loss == "cross_entropy":
+            return cross_entropy_loss(logprobs, mask, old_logprobs=batch.old_logprobs)
         if self.loss == "reinforce":
             if self.ratio_level == "turn":
                 raise ValueError("the REINFORCE loss has no per-turn form: use token or trajectory")

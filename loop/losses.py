@@ -23,6 +23,9 @@ summarised in loop_spec.md 2.7-2.8):
   plain mean over turns is ours (see `clipped_surrogate_loss`).
 - `reinforce_loss`: [C] without PPO clipping: per token -mean_t(A log p); per trajectory
   ("vanilla RLOO") -A mean_t log p.
+- `cross_entropy_loss`: supervised fine-tuning on demonstrations and expert iteration ([P] App.
+  C: SFT-GT, RFT, EI): -mean_t log p over the sequence's output tokens, reduced like the
+  policy losses (one value per sequence), so SFT and RL share minibatches and normalisation.
 - `kl_estimates`: [C]'s high-KL early stop uses k1 = -mean(per-trajectory log ratio); k3 is
   Schulman's estimator (http://joschu.net/blog/kl-approx.html), which [C] has but does not use.
 """
@@ -186,6 +189,21 @@ def reinforce_loss(
     ratio_sum = torch.where(mask, log_ratio.exp(), 0.0).sum(dim=1)
     ratio_mean = torch.where(n_tokens > 0, ratio_sum / n_tokens.clamp(min=1), 1.0)
     return PolicyLoss(loss, torch.zeros_like(ratio_mean), ratio_mean, log_ratio.sum(dim=1))
+
+
+def cross_entropy_loss(
+    logprobs: Tensor, mask: Tensor, *, old_logprobs: Tensor | None = None
+) -> PolicyLoss:
+    """Negative log-likelihood of the output tokens: loss = -mean_t log p_t per sequence.
+
+    logprobs: (B, T) with grad.  mask: (B, T) bool (the tokens the policy would have sampled).
+    Equals `reinforce_loss` with A = 1 on every output token. `clipped` is always 0.
+    old_logprobs (optional, (B, T); expert iteration has them, demonstrations do not): fills
+    ratio_mean and log_ratio_sum for the KL diagnostics; without it they are 1 and 0.
+    A sequence with no output tokens gives loss 0.
+    """
+    ones = torch.ones(mask.shape[0], dtype=logprobs.dtype, device=logprobs.device)
+    return reinforce_loss(logprobs, ones, mask, level="token", old_logprobs=old_logprobs)
 
 
 def kl_estimates(log_ratio_sums: Tensor) -> KLEstimates:

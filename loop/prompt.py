@@ -104,6 +104,11 @@ def build_messages(task_context: str, example: list[dict[str, str]]) -> list[dic
     return messages
 
 
+def prompt_example(suite: Any, enabled: bool = True) -> list[dict[str, str]]:
+    """The worked example's messages for an episode's prompt, or none (`agent.worked_example`)."""
+    return list(worked_example(suite)) if enabled else []
+
+
 @functools.cache
 def worked_example(suite: Any) -> tuple[dict[str, str], ...]:
     """The example's turns with real observations, computed once per suite.

@@ -7,11 +7,17 @@ TensorBoard gets the same scalars. `summary_line` is the one-line report printed
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loop.batch import Sample
+    from loop.credit import Credit
+    from loop.trajectory import Trajectory
 
 
 class RunLog:
@@ -75,3 +81,39 @@ def summary_line(iteration: int, total: int, m: dict[str, float]) -> str:
         f"rollout {f('time/rollout_s', '.0f')}s learn {f('time/learn_s', '.0f')}s "
         f"sync {f('time/sync_s', '.0f')}s"
     )
+
+
+def write_rollouts(
+    path: Path, rollouts: list[Trajectory], iteration: int, split: str, credit: Credit,
+    kept: list[bool], samples: list[Sample],
+) -> None:  # fmt: skip
+    """Write one iteration's rollouts to `path` (gzipped JSON lines, atomically).
+
+    Each line is `Trajectory.to_json()` plus the iteration, its advantage(s), whether it was
+    trained on, and `learner_logprobs` (the recomputed old log-probs, parallel to `tokens`, null
+    off the loss mask; written for the rollouts this process trained on).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    learner = {s.source: s for s in samples if s.old_logprobs is not None}
+    with gzip.open(tmp, "wt") as sink:
+        for i, traj in enumerate(rollouts):
+            advantages = credit.turn_advantages[i]
+            record = traj.to_json() | {
+                "iteration": iteration, "split": split,
+                "advantage": advantages[0] if len(set(advantages)) == 1 else None,
+                "turn_advantages": advantages, "kept": kept[i],
+                "learner_logprobs": _learner_logprobs(learner.get(i), len(traj.tokens)),
+            }  # fmt: skip
+            sink.write(json.dumps(record) + "\n")
+    tmp.replace(path)
+
+
+def _learner_logprobs(sample: Sample | None, length: int) -> list[float | None] | None:
+    """The sample's old log-probs on its loss mask, as a list parallel to the rollout's tokens."""
+    if sample is None or sample.old_logprobs is None:
+        return None
+    values: list[float | None] = [None] * length
+    for position in sample.is_output.nonzero().flatten().tolist():
+        values[position] = float(sample.old_logprobs[position])
+    return values

@@ -1,47 +1,97 @@
 """The task sampler: seeded draws without replacement, reshuffled when the pool is exhausted.
 
-Its state is two integers (which pass over the tasks, how far into it), so a resumed run draws
-exactly the tasks an uninterrupted one would have.
+Its state is a few integers (which pass over the tasks, how far into it), the outcome of each
+task's last group and its own random stream, so a resumed run draws exactly the tasks an
+uninterrupted one would have.
+
+LOOP learns only from groups whose rollouts differ: a group that all solved, or all failed with
+the same reward, has zero leave-one-out advantage everywhere and is filtered out whole. With
+`no_signal_draw_prob < 1` a task whose last group carried no signal is drawn only with that
+probability when its turn comes (skipped otherwise, until the next pass), so iterations spend
+their rollouts where there is something to learn (prime-rl's easy/hard pools, DAPO's dynamic
+sampling). The skips are counted by kind (`solved`: every rollout succeeded; `stuck`: every
+rollout had the same reward short of success). At 1.0 (the default) draws are the paper's.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+Signal = Literal["signal", "solved", "stuck"]
+
+
+def group_signal(rewards: Sequence[float], successes: Sequence[bool]) -> Signal:
+    """What a finished group can teach: "signal" when its rewards differ, else "solved" (all
+    succeeded) or "stuck" (all the same reward without success). An empty group: "signal"."""
+    if not rewards or max(rewards) != min(rewards):
+        return "signal"
+    return "solved" if all(successes) else "stuck"
 
 
 class TaskSampler:
     """Draws tasks in a seeded order; pass p's order is a shuffle seeded by (seed, p)."""
 
-    def __init__(self, tasks: Sequence[Any], seed: int):
+    def __init__(self, tasks: Sequence[Any], seed: int, *, no_signal_draw_prob: float = 1.0):
         if not tasks:
             raise ValueError("no tasks to sample from")
+        if not 0 < no_signal_draw_prob <= 1:
+            raise ValueError(f"no_signal_draw_prob must be in (0, 1], got {no_signal_draw_prob}")
         self.tasks = list(tasks)
         self.seed = seed
+        self.no_signal_draw_prob = no_signal_draw_prob
         self.passes = 0  # completed passes over the tasks
         self.position = 0  # draws taken from the current pass
+        self.last_signal: dict[str, Signal] = {}  # task id -> what its last group taught
+        self.skipped = {"solved": 0, "stuck": 0}  # skips since the last `take_skip_counts`
+        self._rng = random.Random(f"{seed}/no-signal")
         self._order = self._shuffled(0)
 
     def draw(self, n: int) -> list[Any]:
         """The next `n` tasks (a task repeats within one draw only if `n` exceeds the pool)."""
-        drawn = []
-        for _ in range(n):
+        drawn: list[Any] = []
+        while len(drawn) < n:
             if self.position == len(self._order):
                 self.passes += 1
                 self.position = 0
                 self._order = self._shuffled(self.passes)
-            drawn.append(self._order[self.position])
+            task = self._order[self.position]
             self.position += 1
+            if self.no_signal_draw_prob < 1:
+                signal = self.last_signal.get(task.id, "signal")
+                if signal != "signal" and self._rng.random() >= self.no_signal_draw_prob:
+                    self.skipped[signal] += 1
+                    continue
+            drawn.append(task)
         return drawn
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the sampler stands."""
-        return {"seed": self.seed, "passes": self.passes, "position": self.position}
+    def record(self, task_id: str, signal: Signal) -> None:
+        """Remember what the task's latest group taught (decides its next draws)."""
+        self.last_signal[task_id] = signal
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a `state_dict`."""
+    def take_skip_counts(self) -> dict[str, int]:
+        """Skips since the last call, by kind, as `sampler/*` metrics; resets the counts."""
+        counts = {f"sampler/skipped_{kind}": count for kind, count in self.skipped.items()}
+        self.skipped = dict.fromkeys(self.skipped, 0)
+        return counts
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the sampler stands."""
+        return {
+            "seed": self.seed,
+            "passes": self.passes,
+            "position": self.position,
+            "last_signal": dict(self.last_signal),
+            "rng": self._rng.getstate(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict` (older states without signals start with none)."""
         self.seed, self.passes, self.position = state["seed"], state["passes"], state["position"]
+        self.last_signal = dict(state.get("last_signal", {}))
+        if "rng" in state:
+            self._rng.setstate(state["rng"])
         self._order = self._shuffled(self.passes)
 
     def _shuffled(self, index: int) -> list[Any]:

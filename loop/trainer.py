@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gzip
 import json
 import logging
 import math
@@ -69,15 +68,17 @@ import yaml
 from loop import checkpoint, distributed
 from loop.batch import Sample, make_sample
 from loop.config import ConfigError, RunConfig, TrainConfig, load_config
-from loop.credit import Credit, assign_credit
+from loop.credit import Credit, assign_credit, rollout_reward
 from loop.evaluation import run_evaluation
 from loop.learner import Learner, LearnStats
 from loop.metrics import rollout_metrics
-from loop.prompt import worked_example
+from loop.prompt import prompt_example
+from loop.report import learning_report
 from loop.rollout import RolloutJob, collect_rollouts
-from loop.runlog import RunLog, summary_line
-from loop.sampler import TaskSampler
+from loop.runlog import RunLog, summary_line, write_rollouts
+from loop.sampler import TaskSampler, group_signal
 from loop.trajectory import Trajectory
+from loop.warmstart import load_init_adapter, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +109,22 @@ def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -
 
 async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> dict[str, float]:
     cfg, run_dir = config.train, config.run_dir
-    sampler = TaskSampler(training_tasks(parts.suite, cfg), seed=config.seed)
+    sampler = TaskSampler(
+        training_tasks(parts.suite, cfg), seed=config.seed,
+        no_signal_draw_prob=cfg.no_signal_draw_prob,
+    )  # fmt: skip
     learner = build_learner(config, parts.policy)
     start = resume(run_dir, parts.policy, learner, sampler)
     runlog = open_run(config, run_dir, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
         stress_test(learner, cfg.max_seq_len)
-    metrics: dict[str, float] = {}
+    # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
+    metrics = await prepare_policy(config, parts, show_progress) if start == 0 else {}
     for iteration in range(start, cfg.iterations):
         started = time.monotonic()
-        metrics = {"horizon/max_turns": horizon(iteration, cfg, config.agent.max_turns)}
+        metrics = {"horizon/max_turns": horizon(iteration, cfg, config.agent.max_turns)} | (
+            metrics if iteration == 0 else {}
+        )
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
         if cfg.eval_every and iteration % cfg.eval_every == 0:
             metrics |= await evaluate_during_training(config, parts, iteration, show_progress)
@@ -131,9 +138,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         credit = assign_credit(
             groups, method=cfg.advantage, reward=cfg.reward, threshold=cfg.adv_threshold,
             normalize=cfg.normalize_advantage, turn_coef=cfg.turn_coef,
+            return_threshold=cfg.return_threshold,
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
         metrics |= rollout_metrics(groups, credit, discarded, samples)
+        metrics |= record_signals(sampler, groups, cfg.reward)
         t_learn = time.monotonic()
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
         metrics |= learner.recompute_old_logprobs(samples)
@@ -152,14 +161,37 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
             save(run_dir, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
-    if cfg.eval_every and start < cfg.iterations:
+    if cfg.eval_every and (start < cfg.iterations or cfg.iterations == 0):
         final = await evaluate_during_training(config, parts, cfg.iterations, show_progress)
-        if runlog is not None and final:
-            runlog.log(cfg.iterations, final)
+        if runlog is not None and (final or cfg.iterations == 0):
+            runlog.log(cfg.iterations, (metrics if cfg.iterations == 0 else {}) | final)
         metrics |= final
     if runlog is not None:
         runlog.close()
+        print(learning_report(config.run_dir), file=sys.stderr)
     return metrics
+
+
+async def prepare_policy(
+    config: RunConfig, parts: TrainParts, show_progress: bool
+) -> dict[str, float]:
+    """Step W: load `model.init_adapter`, then run (or load) the configured warm start."""
+    if config.model.init_adapter is not None:
+        load_init_adapter(config, parts.policy)
+    if config.warm_start.source == "none":
+        return {}
+    return await warm_start(config, parts, show_progress=show_progress)
+
+
+def record_signals(
+    sampler: TaskSampler, groups: list[list[Trajectory]], reward: str
+) -> dict[str, float]:
+    """Tell the sampler what each group taught; its skip counts since the last iteration."""
+    for group in groups:
+        scored = [t for t in group if not t.infra_failure and t.reward is not None]
+        rewards = [rollout_reward(t, reward) for t in scored]
+        sampler.record(group[0].task_id, group_signal(rewards, [bool(t.success) for t in scored]))
+    return {k: float(v) for k, v in sampler.take_skip_counts().items()}
 
 
 def check_trainable(config: RunConfig) -> None:
@@ -270,14 +302,22 @@ def stress_test(learner: Learner, seq_len: int) -> None:
 async def evaluate_during_training(
     config: RunConfig, parts: TrainParts, iteration: int, show_progress: bool
 ) -> dict[str, float]:
-    """The dev evaluation of evaluate.py, written under eval/<split>/iter-<iteration>/."""
+    """evaluate.py's evaluation of eval.split (`eval/*`) and of each of eval.more_splits
+    (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/."""
     if not distributed.is_main():
         return {}
-    out_dir = config.run_dir / "eval" / config.eval.split / f"iter-{iteration}"
-    return await run_evaluation(
-        config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-        tokenizer=parts.tokenizer, out_dir=out_dir, show_progress=show_progress,
-    )  # fmt: skip
+    started = time.monotonic()
+    metrics: dict[str, float] = {}
+    for split in [config.eval.split, *config.eval.more_splits]:
+        out_dir = config.run_dir / "eval" / split / f"iter-{iteration}"
+        scores = await run_evaluation(
+            config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+            tokenizer=parts.tokenizer, out_dir=out_dir, show_progress=show_progress,
+            split=split,
+        )  # fmt: skip
+        prefix = "eval/" if split == config.eval.split else f"eval/{split}/"
+        metrics |= {prefix + key.removeprefix("eval/"): value for key, value in scores.items()}
+    return metrics | {"time/eval_s": time.monotonic() - started}
 
 
 async def roll_out(
@@ -311,7 +351,8 @@ async def roll_out(
     progress = _progress(len(jobs), f"iter {iteration} rollouts", show_progress)
     done = await collect_rollouts(
         jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-        tokenizer=parts.tokenizer, settings=settings, example=list(worked_example(parts.suite)),
+        tokenizer=parts.tokenizer, settings=settings,
+        example=prompt_example(parts.suite, config.agent.worked_example),
         max_concurrent=cfg.max_concurrent_rollouts, on_done=lambda _: progress.update(1),
         enough=enough,
     )  # fmt: skip
@@ -409,42 +450,13 @@ def record_iteration(
     runlog: RunLog, config: RunConfig, iteration: int, metrics: dict[str, float],
     groups: list[list[Trajectory]], credit: Credit, kept: list[bool], samples: list[Sample],
 ) -> None:  # fmt: skip
-    """metrics.jsonl/TensorBoard, the one-line summary, and rollouts/iter-N.jsonl.gz.
-
-    Each rollout line is `Trajectory.to_json()` plus the iteration, its advantage(s), whether it
-    was trained on, and `learner_logprobs` (the recomputed old log-probs, parallel to `tokens`,
-    null off the loss mask; written for the rollouts this process trained on).
-    """
+    """metrics.jsonl/TensorBoard, the one-line summary, and rollouts/iter-N.jsonl.gz."""
     runlog.log(iteration, metrics)
     print(summary_line(iteration, config.train.iterations, metrics), file=sys.stderr, flush=True)
-    if not config.train.save_rollouts:
-        return
-    path = config.run_dir / "rollouts" / f"iter-{iteration}.jsonl.gz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    flat = [traj for group in groups for traj in group]
-    learner = {s.source: s for s in samples if s.old_logprobs is not None}
-    with gzip.open(tmp, "wt") as sink:
-        for i, traj in enumerate(flat):
-            advantages = credit.turn_advantages[i]
-            record = traj.to_json() | {
-                "iteration": iteration, "split": config.train.split,
-                "advantage": advantages[0] if len(set(advantages)) == 1 else None,
-                "turn_advantages": advantages, "kept": kept[i],
-                "learner_logprobs": _learner_logprobs(learner.get(i), len(traj.tokens)),
-            }  # fmt: skip
-            sink.write(json.dumps(record) + "\n")
-    tmp.replace(path)
-
-
-def _learner_logprobs(sample: Sample | None, length: int) -> list[float | None] | None:
-    """The sample's old log-probs on its loss mask, as a list parallel to the rollout's tokens."""
-    if sample is None or sample.old_logprobs is None:
-        return None
-    values: list[float | None] = [None] * length
-    for position in sample.is_output.nonzero().flatten().tolist():
-        values[position] = float(sample.old_logprobs[position])
-    return values
+    if config.train.save_rollouts:
+        path = config.run_dir / "rollouts" / f"iter-{iteration}.jsonl.gz"
+        flat = [traj for group in groups for traj in group]
+        write_rollouts(path, flat, iteration, config.train.split, credit, kept, samples)
 
 
 def save(

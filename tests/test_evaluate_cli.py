@@ -56,7 +56,7 @@ def test_evaluate_runs_end_to_end_and_writes_rollouts_and_metrics(tmp_path: Path
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--split", "validation"], "invalid choice: 'validation'"),
+        (["--split", "validation"], "eval.split: unknown split 'validation'"),
         (["--split", "dev", "--checkpoint", "/no/such/dir"], "checkpoint directory not found"),
         (["--split", "dev", "agent.max_turn=3"], "unknown config key agent.max_turn"),
         (["--split", "dev", "--limit", "0"], "eval.limit: must be > 0"),

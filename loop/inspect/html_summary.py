@@ -3,8 +3,10 @@ tables, and the metric definitions (plain HTML, no script needed to read it)."""
 
 from __future__ import annotations
 
+import base64
 import html
 from collections.abc import Sequence
+from pathlib import Path
 
 from loop.inspect.metrics import METRICS, MetricSpec, ratio
 from loop.inspect.summary import Aggregate, Run, by_iteration, by_task, iterations, overview
@@ -15,7 +17,7 @@ BEFORE, AFTER = "#9aa5b1", "#2f6fdf"
 
 def summary_html(runs: Sequence[Run]) -> str:
     """Everything above the task cards."""
-    parts = [_sources(runs)]
+    parts = [_sources(runs), *learning_curves(runs)]
     if len(runs) == 2:
         before, after = (overview(run.rows)[0][1] for run in runs)
         labels = (runs[0].label, runs[1].label)
@@ -42,6 +44,23 @@ def summary_html(runs: Sequence[Run]) -> str:
         ]
     parts.append(definitions())
     return "\n".join(parts)
+
+
+def learning_curves(runs: Sequence[Run]) -> list[str]:
+    """The `learning_curve.png` of each run directory that has one, inline (loop/report.py)."""
+    from loop.report import CURVE
+
+    parts = []
+    for run in runs:
+        picture = Path(run.path) / CURVE
+        if picture.is_file():
+            data = base64.b64encode(picture.read_bytes()).decode()
+            parts += [
+                f"<h2>{html.escape(run.label)}: learning curve</h2>",
+                f"<img class='curve' alt='learning curve of {html.escape(run.path)}' "
+                f"src='data:image/png;base64,{data}'>",
+            ]
+    return parts
 
 
 def _sources(runs: Sequence[Run]) -> str:

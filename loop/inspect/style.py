@@ -12,7 +12,9 @@ table{border-collapse:collapse;background:#fff;margin:4px 0}
 th,td{border:1px solid #dde1e6;padding:2px 7px;text-align:right;white-space:nowrap}
 th:first-child{text-align:left}tr th[title]{cursor:help}
 table.groups{font-size:12px}details{margin:8px 0}summary{cursor:pointer;font-weight:600}
-.sources{margin:10px 0;padding-left:18px}.note{color:#5b6570;font-size:12px;margin:4px 0}
+.sources{margin:10px 0;padding-left:18px}
+.curve{max-width:760px;width:100%;border:1px solid #dde3ea}
+.note{color:#5b6570;font-size:12px;margin:4px 0}
 .charts{display:flex;flex-wrap:wrap;gap:6px}
 .chart{margin:0;background:#fff;border:1px solid #dde1e6}
 .chart text{font-size:11px}.chart-title{font-weight:600}

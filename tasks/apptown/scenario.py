@@ -10,6 +10,12 @@ A scenario subclasses `Scenario` once (no deeper) and fills in five hooks:
 - `wrong(v)`: a plausible wrong solution (what it gets wrong is `mistake`), which must fail;
 - `evaluate(g, v)`: the tests, computing the truth from the initial state, never from the
   gold solution, and always ending with the collateral-damage check.
+
+Variants 1-3 belong to the scenario's `split`. A scenario may list `more_variants`, bands of
+further variants that go to other splits (the easy scenarios feed the `easy` and `easy_heldout`
+splits this way). Their users and values come from a random stream of their own, so adding or
+resizing a band never changes variants 1-3, and the bands are drawn in order, so a later band
+never changes an earlier one.
 """
 
 from __future__ import annotations
@@ -48,6 +54,23 @@ class Scenario:
     apps: ClassVar[tuple[str, ...]]
     split: ClassVar[str]
     mistake: ClassVar[str]  # what `wrong` gets wrong, in a few words
+    more_variants: ClassVar[tuple[tuple[str, int], ...]] = ()  # (split, count) after variant 3
+
+    @property
+    def num_variants(self) -> int:
+        """Variants 1-3, then every band of `more_variants`."""
+        return 3 + sum(count for _, count in self.more_variants)
+
+    def split_of(self, n: int) -> str:
+        """The split of variant `n` (1-based)."""
+        if n <= 3:
+            return self.split
+        first = 4
+        for split, count in self.more_variants:
+            if n < first + count:
+                return split
+            first += count
+        raise ValueError(f"{self.id} has no variant {n} (it has {self.num_variants})")
 
     def variants(self, world: World) -> list[Variant]:
         raise NotImplementedError
@@ -64,29 +87,38 @@ class Scenario:
     def evaluate(self, g: Grader, v: Variant) -> None:
         raise NotImplementedError
 
-    def rng(self, world: World) -> random.Random:
-        """This scenario's own random stream (seeding with a string is stable across runs)."""
-        return random.Random(f"{world.seed}/{self.id}")
+    def rng(self, world: World, stream: str = "") -> random.Random:
+        """This scenario's own random stream (seeding with a string is stable across runs);
+        `stream` names another, independent one (e.g. for the `more_variants` bands)."""
+        return random.Random(f"{world.seed}/{self.id}" + (f"/{stream}" if stream else ""))
 
     def pick_users(self, world: World, candidates: list[int]) -> list[int]:
-        """Three distinct users from `candidates`, chosen by this scenario's random stream."""
-        assert len(candidates) >= 3, f"{self.id}: only {len(candidates)} candidate users"
-        return self.rng(world).sample(sorted(set(candidates)), 3)
+        """`num_variants` distinct users from `candidates`: the first three from this scenario's
+        random stream, the rest (for `more_variants`) from the "more" stream."""
+        pool = sorted(set(candidates))
+        assert len(pool) >= self.num_variants, f"{self.id}: only {len(pool)} candidate users"
+        first = self.rng(world).sample(pool, 3)
+        rest = [u for u in pool if u not in first]
+        return first + self.rng(world, "more").sample(rest, self.num_variants - 3)
+
+    def variant_rngs(self, world: World) -> list[random.Random]:
+        """One random stream per variant for its values: the scenario's stream for variants 1-3
+        (shared, used in order, as before bands existed), the "more-values" stream after."""
+        first, more = self.rng(world), self.rng(world, "more-values")
+        return [first if i < 3 else more for i in range(self.num_variants)]
 
     def make_variants(
         self, users: list[int], wordings: tuple[str, ...], params: list[dict[str, Any]]
     ) -> list[Variant]:
-        """Variant n: user n, wording n formatted with params n."""
-        assert len(users) == len(wordings) == len(params) == 3, self.id
+        """Variant n: user n, wording n (cycling through `wordings`) formatted with params n."""
+        assert len(users) == len(params) == self.num_variants, (self.id, len(users), len(params))
         return [
-            Variant(n, user, wording.format(**p), p)
-            for n, (user, wording, p) in enumerate(zip(users, wordings, params, strict=True), 1)
+            Variant(n, user, wordings[(n - 1) % len(wordings)].format(**p), p)
+            for n, (user, p) in enumerate(zip(users, params, strict=True), 1)
         ]
 
 
-_PRELUDE = '''profile = apis.supervisor.show_profile()
-passwords = {a["account_name"]: a["password"] for a in apis.supervisor.show_account_passwords()}
-
+PAGES_HELPER = '''
 
 def all_pages(api, **kwargs):
     """Call a paginated API page by page until a page comes back short."""
@@ -97,8 +129,12 @@ def all_pages(api, **kwargs):
         if len(batch) < 20:
             return items
         page += 1
-
 '''
+_PRELUDE = (
+    "profile = apis.supervisor.show_profile()\n"
+    'passwords = {a["account_name"]: a["password"]\n'
+    "             for a in apis.supervisor.show_account_passwords()}\n" + PAGES_HELPER + "\n"
+)
 
 
 def login_cell(*apps: str) -> str:

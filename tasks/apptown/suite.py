@@ -15,10 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.apptown.grading import Grader
 from tasks.apptown.people import Person
-from tasks.apptown.scenario import Scenario, Variant
+from tasks.apptown.scenario import PAGES_HELPER, Scenario, Variant
 from tasks.apptown.scenarios import SCENARIOS
 from tasks.apptown.world import Snapshot, World
 from tasks.core import SPLITS, SandboxLike, Task, TestReport
+
+# The AppWorld-style splits, then the easy band for small models: `easy` (more variants of the
+# difficulty-1 train scenarios, for warm start and RL) and `easy_heldout` (variants of the same
+# scenarios that no training uses, for measuring what training did).
+APPTOWN_SPLITS: tuple[str, ...] = (*SPLITS, "easy", "easy_heldout")
 
 if TYPE_CHECKING:
     from tasks.apptown.env import AppTownEnv
@@ -42,10 +47,14 @@ class AppTownSuite:
         self.world = World.build(seed, n_people)
         self._entries: dict[str, _Entry] = {}
         for scenario in scenarios:
-            assert scenario.split in SPLITS, (scenario.id, scenario.split)
             variants = scenario.variants(self.world)
-            assert [v.n for v in variants] == [1, 2, 3], (scenario.id, variants)
+            assert [v.n for v in variants] == list(range(1, scenario.num_variants + 1)), (
+                scenario.id,
+                variants,
+            )
             for v in variants:
+                split = scenario.split_of(v.n)
+                assert split in APPTOWN_SPLITS, (scenario.id, split)
                 task = Task(
                     f"{scenario.id}_{v.n}",
                     scenario.id,
@@ -53,7 +62,7 @@ class AppTownSuite:
                     scenario.difficulty,
                     v.instruction,
                     scenario.apps,
-                    scenario.split,
+                    split,
                 )
                 assert task.id not in self._entries, f"duplicate task id {task.id}"
                 self._entries[task.id] = _Entry(task, scenario, v)
@@ -62,11 +71,12 @@ class AppTownSuite:
 
     @property
     def splits(self) -> dict[str, list[Task]]:
-        return {split: self.tasks(split) for split in SPLITS}
+        return {split: self.tasks(split) for split in APPTOWN_SPLITS}
 
     def tasks(self, split: str) -> list[Task]:
         """The tasks of one split, in a fixed order."""
-        assert split in SPLITS, f"unknown split {split!r}; the splits are {SPLITS}"
+        if split not in APPTOWN_SPLITS:
+            raise KeyError(f"unknown split {split!r}; the splits are {', '.join(APPTOWN_SPLITS)}")
         return [e.task for e in self._entries.values() if e.task.split == split]
 
     def task(self, task_id: str) -> Task:
@@ -108,9 +118,13 @@ class AppTownSuite:
         return report
 
     def gold_solution(self, task: Task) -> list[str]:
-        """The reference solution's code cells."""
+        """The reference solution's code cells (the login cell defines the `all_pages` helper
+        only when a later cell uses it)."""
         entry = self._entry(task.id)
-        return entry.scenario.gold(entry.variant)
+        cells = entry.scenario.gold(entry.variant)
+        if cells and PAGES_HELPER in cells[0] and not any("all_pages(" in c for c in cells[1:]):
+            cells = [cells[0].replace(PAGES_HELPER + "\n", ""), *cells[1:]]
+        return cells
 
     def wrong_solution(self, task: Task) -> list[str]:
         """A plausible wrong solution's code cells (it must fail at least one test)."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from loop.advantages import (
+    compute_filter_advantages,
     compute_group_advantages,
     compute_loo_advantages,
     compute_reinforce_advantages,
@@ -219,6 +220,19 @@ def test_reinforce_is_the_reward() -> None:
     assert out.kept_groups.tolist() == [T, T]  # min_group_size=1: a lone rollout still counts
     strict = compute_reinforce_advantages(t64([[0.3, NAN]]), mask([[T, F]]), min_group_size=2)
     close(strict.advantages, [[0.0, 0.0]])
+
+
+def test_filter_keeps_exactly_the_rollouts_at_the_threshold() -> None:
+    # Expert iteration: A = 1 where R >= 1.0 (an infrastructure failure is never kept).
+    rewards = t64([[1.0, 0.5, 1.0, NAN], [0.0, 0.99, 1.0, 1.0]])
+    present = mask([[T, T, T, F], [T, T, F, T]])
+    out = compute_filter_advantages(rewards, present, threshold=1.0)
+    close(out.advantages, [[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    assert out.valid.tolist() == present.tolist()
+    kept = filter_by_magnitude(out.advantages, out.valid, threshold=0.01)
+    assert kept.tolist() == [[T, F, T, F], [F, F, F, T]]
+    lower = compute_filter_advantages(rewards, present, threshold=0.5)
+    close(lower.advantages, [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
 
 
 # ---------------------------------------------------------------------- turn-level (MT-*)

@@ -55,7 +55,11 @@ def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
         ("", ["agent.max_turns=0"], "agent.max_turns: must be > 0"),
         ("", ["noequals"], "is not key=value"),
         ("", ["generator.backend=openai"], "needs generator.base_url"),
-        ("", ["eval.split=validation"], "eval.split: expected one of"),
+        ("", ["train.loss=cross_entropy"], "set train.advantage=filter"),
+        ("", ["warm_start.source=rollouts"], "needs warm_start.rollouts"),
+        ("", ["warm_start.source=gold", "model.lora_rank=0"], "warm_start needs a LoRA"),
+        ("", ["warm_start.rft_temperatures=[]", "warm_start.source=rft"], "rft_temperatures"),
+        ("", ["warm_start.epochs=0"], "warm_start.epochs: must be > 0"),
     ],
 )
 def test_bad_configs_are_one_line_errors(
@@ -70,3 +74,15 @@ def test_bad_configs_are_one_line_errors(
 def test_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_splits_are_checked_against_the_suite() -> None:
+    from loop.build import check_splits
+    from tasks.apptown.suite import AppTownSuite
+
+    suite = AppTownSuite()
+    check_splits(RunConfig(), suite)
+    config = RunConfig()
+    config.eval.more_splits = ["easy_heldout", "validation"]
+    with pytest.raises(ConfigError, match=r"eval.more_splits\[1\]: .*validation"):
+        check_splits(config, suite)

@@ -16,6 +16,7 @@ from loop.losses import (
     clip_value,
     clipped_objective,
     clipped_surrogate_loss,
+    cross_entropy_loss,
     kl_estimates,
     reinforce_loss,
     token_kl_estimates,
@@ -415,3 +416,21 @@ def test_token_kl_estimates_by_hand() -> None:
     out = token_kl_estimates(new, old, mask([[T, T, F], [T, F, F]]))
     assert abs(out.k1.item() + 0.2 / 3) < 1e-12
     assert abs(out.k3.item() - 0.0245868) < 1e-7
+
+
+def test_cross_entropy_by_hand() -> None:
+    # log p on output tokens [-1, -2, -.5] (token 2 is not output): loss 3.5 / 3, each output
+    # token's gradient -1/3, the masked one none; an empty sequence gives 0.
+    lp = t64([[-1.0, -2.0, -9.0, -0.5], [-3.0, -3.0, -3.0, -3.0]])
+    m = mask([[T, T, F, T], [F, F, F, F]])
+    new = lp.clone().requires_grad_(True)
+    out = cross_entropy_loss(new, m)
+    close(out.loss, [3.5 / 3, 0.0])
+    out.loss.sum().backward()
+    assert new.grad is not None
+    close(new.grad, [[-1 / 3, -1 / 3, 0.0, -1 / 3], [0.0, 0.0, 0.0, 0.0]])
+    close(out.clipped, [0.0, 0.0])
+    close(out.log_ratio_sum, [0.0, 0.0])
+    # With old log-probs (expert iteration) the KL diagnostics are filled in.
+    old = t64([[-1.5, -2.0, NAN, -0.5], [NAN, NAN, NAN, NAN]])
+    close(cross_entropy_loss(lp, m, old_logprobs=old).log_ratio_sum, [0.5, 0.0])

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_at_least_30_scenarios_of_3_variants(suite: AppTownSuite) -> None:
-    tasks = [t for split in SPLITS for t in suite.tasks(split)]
+    tasks = [t for split in SPLITS for t in suite.tasks(split)]  # the AppWorld-style splits
     per_scenario = Counter(t.scenario_id for t in tasks)
     assert len(per_scenario) >= 30
     assert set(per_scenario.values()) == {3}
@@ -31,6 +31,33 @@ def test_at_least_30_scenarios_of_3_variants(suite: AppTownSuite) -> None:
         assert t.id == f"{t.scenario_id}_{t.variant}" and t.difficulty in (1, 2, 3), t
     instructions = [t.instruction for t in tasks]
     assert len(set(instructions)) == len(instructions), "variants must differ in wording/values"
+
+
+def test_the_easy_band_holds_out_variants_no_training_split_has(suite: AppTownSuite) -> None:
+    easy_scenarios = {t.scenario_id for t in suite.tasks("train") if t.difficulty == 1}
+    heldout, easy = suite.tasks("easy_heldout"), suite.tasks("easy")
+    assert {t.scenario_id for t in heldout} == {t.scenario_id for t in easy} == easy_scenarios
+    assert Counter(t.scenario_id for t in heldout) == dict.fromkeys(easy_scenarios, 6)
+    assert Counter(t.scenario_id for t in easy) == dict.fromkeys(easy_scenarios, 12)
+    assert all(t.difficulty == 1 for t in heldout + easy)
+    trained = suite.tasks("train") + easy
+    seen = {(suite.user_of(t).id, t.instruction) for t in trained}
+    users = Counter((t.scenario_id, suite.user_of(t).id) for t in trained + heldout)
+    for task in heldout:  # a held-out variant is another user, never a training one renamed
+        assert (suite.user_of(task).id, task.instruction) not in seen, task.id
+        assert users[(task.scenario_id, suite.user_of(task).id)] == 1, task.id
+
+
+def test_extra_variants_leave_the_first_three_unchanged(suite: AppTownSuite) -> None:
+    from tasks.apptown.scenarios import SCENARIOS
+
+    banded = [s for s in SCENARIOS if s.more_variants]
+    assert banded
+    for scenario in banded:
+        plain = type(scenario)()
+        plain.more_variants = ()  # type: ignore[misc]
+        first = plain.variants(suite.world)
+        assert first == scenario.variants(suite.world)[:3], scenario.id
 
 
 def test_splits_and_difficulty_bands(suite: AppTownSuite) -> None:
@@ -69,7 +96,7 @@ def test_same_seed_same_tasks(suite: AppTownSuite) -> None:
 
 def test_every_gold_passes_and_every_wrong_fails_in_process(suite: AppTownSuite) -> None:
     problems = []
-    for split in SPLITS:
+    for split in suite.splits:
         for task in suite.tasks(split):
             gold = run_in_process(suite, task, suite.gold_solution(task))
             if not gold.report.success or gold.errors:
@@ -90,7 +117,7 @@ def test_a_no_op_fails_the_task_and_keeps_the_collateral_check(suite: AppTownSui
 def test_gold_solutions_use_only_apis() -> None:
     suite = AppTownSuite()
     forbidden = re.compile(r"\b(open|exec|eval|__import__|sqlite3|suite|os\.)\b")
-    for split in SPLITS:
+    for split in suite.splits:
         for task in suite.tasks(split):
             for cell in suite.gold_solution(task):
                 assert not forbidden.search(cell), (task.id, cell)

@@ -9,12 +9,24 @@ from tasks.apptown.grading import Grader
 from tasks.apptown.scenario import Scenario, Variant, add_email, days_ago, ids, login_cell
 from tasks.apptown.world import World
 
+# The easy band: beyond its 3 train variants, each scenario here has 6 held-out variants (split
+# `easy_heldout`, never trained on) and 12 more for training (split `easy`). Held-out first, so
+# resizing the training band never changes a held-out task.
+EASY_BANDS: tuple[tuple[str, int], ...] = (("easy_heldout", 6), ("easy", 12))
+
+
+# New contacts for the `more_variants` of phone_add_contact (none of them is in the world).
+NEW_FIRST = ("Aino", "Bruno", "Oona", "Dmitri", "Pavel", "Farid", "Rania", "Jonas", "Keiko", "Luca")
+NEW_LAST = ("Varga", "Okafor", "Lindqvist", "Moreau", "Tanaka", "Quispe", "Novak", "Brandt")
+NEW_RELS = ("coworker", "friend", "roommate")
+
 
 class PaymentsBalance(Scenario):
     id = "payments_balance"
     difficulty = 1
     apps = ("payments",)
     split = "train"
+    more_variants = EASY_BANDS
     mistake = "answers with a recent transaction amount instead of reading the balance"
 
     def variants(self, world: World) -> list[Variant]:
@@ -24,7 +36,7 @@ class PaymentsBalance(Scenario):
             "What is my current balance in the payments app?",
             "Check my payments balance and tell me the amount.",
         )
-        return self.make_variants(users, wordings, [{}, {}, {}])
+        return self.make_variants(users, wordings, [{} for _ in users])
 
     def gold(self, v: Variant) -> list[str]:
         return [
@@ -51,6 +63,7 @@ class MusicCountPlaylists(Scenario):
     difficulty = 1
     apps = ("music",)
     split = "train"
+    more_variants = EASY_BANDS
     mistake = "counts only the first page of playlists"
 
     def variants(self, world: World) -> list[Variant]:
@@ -63,7 +76,7 @@ class MusicCountPlaylists(Scenario):
             "Count my music playlists and tell me the number.",
             "What is the total number of playlists in my music account?",
         )
-        return self.make_variants(users, wordings, [{}, {}, {}])
+        return self.make_variants(users, wordings, [{} for _ in users])
 
     def gold(self, v: Variant) -> list[str]:
         return [
@@ -92,16 +105,22 @@ class PhoneAddContact(Scenario):
     difficulty = 1
     apps = ("phone",)
     split = "train"
+    more_variants = EASY_BANDS
     mistake = "adds the contact without the relationship"
 
     def variants(self, world: World) -> list[Variant]:
         users = self.pick_users(world, [p.id for p in world.society.people])
-        rng = self.rng(world)
-        newcomers = (
+        rngs = self.variant_rngs(world)
+        newcomers = [
             ("Greta", "Holm", "coworker"),
             ("Tomas", "Reyes", "friend"),
             ("Lina", "Park", "roommate"),
-        )
+        ]
+        more = rngs[-1]
+        while len(newcomers) < len(users):
+            newcomer = (more.choice(NEW_FIRST), more.choice(NEW_LAST), more.choice(NEW_RELS))
+            if newcomer[:2] not in [n[:2] for n in newcomers]:
+                newcomers.append(newcomer)
         params = [
             {
                 "first": f,
@@ -110,7 +129,7 @@ class PhoneAddContact(Scenario):
                 "email": f"{f.lower()}@holmpark.io",
                 "phone": f"{rng.randint(201, 989)}555{rng.randint(1000, 9999)}",
             }
-            for f, last, rel in newcomers
+            for (f, last, rel), rng in zip(newcomers, rngs, strict=True)
         ]
         wordings = (
             "Add {first} {last} to my phone contacts as a {rel}: phone number {phone}, "
@@ -169,13 +188,13 @@ class MusicLikeSong(Scenario):
     difficulty = 1
     apps = ("music",)
     split = "train"
+    more_variants = EASY_BANDS
     mistake = "adds the song to the library instead of liking it"
 
     def variants(self, world: World) -> list[Variant]:
         users = self.pick_users(world, [p.id for p in world.society.people])
-        rng = self.rng(world)
         params = []
-        for user in users:
+        for user, rng in zip(users, self.variant_rngs(world), strict=True):
             songs = world.template.rows(
                 "SELECT id, title, artist FROM music_songs WHERE id NOT IN (SELECT song_id FROM "
                 "music_likes WHERE person_id = ?1) AND id NOT IN (SELECT song_id FROM "
@@ -230,13 +249,13 @@ class EmailCountFromSender(Scenario):
     difficulty = 1
     apps = ("email",)
     split = "train"
+    more_variants = EASY_BANDS
     mistake = "forgets the archived emails"
 
     def variants(self, world: World) -> list[Variant]:
         users = self.pick_users(world, [p.id for p in world.society.people])
-        rng = self.rng(world)
         params = []
-        for user in users:
+        for user, rng in zip(users, self.variant_rngs(world), strict=True):
             sender = world.person(rng.choice(world.society.related(user, "friend")))
             params.append({"sender_id": sender.id, "name": sender.name, "count": rng.randint(3, 5)})
         wordings = (
@@ -290,6 +309,7 @@ class PhoneCountRelationship(Scenario):
     difficulty = 1
     apps = ("phone",)
     split = "train"
+    more_variants = EASY_BANDS
     mistake = "counts only the first page of contacts"
 
     def variants(self, world: World) -> list[Variant]:
@@ -302,7 +322,7 @@ class PhoneCountRelationship(Scenario):
                 if len(related(p.id, "coworker")) > 5 and len(related(p.id, "friend")) > 5
             ],
         )
-        labels = ("coworker", "friend", "coworker")
+        labels = [("coworker", "friend")[n % 2 == 0] for n in range(1, len(users) + 1)]
         wordings = (
             "How many of my phone contacts are tagged as my {label}s?",
             "Count the contacts in my phone whose relationship to me is {label}.",

@@ -1,0 +1,210 @@
+"""Demonstrations: agent episodes the policy is fine-tuned on, made by the real episode loop.
+
+A demonstration is a `Trajectory` like any rollout: the same prompt, chat glue, token ids and
+output mask, because it is played through `loop.rollout.collect_rollouts` (real sandbox, real
+environment, real grading) with a `ScriptedGenerator` standing in for the policy. Its reward is
+the environment's own, so a demonstration that does not solve its task is visible and dropped.
+Two sources:
+
+- `gold_demonstrations`: each task's gold solution (a suite with `gold_solution(task)`), one
+  turn per gold cell, each opened by a short thought that says what the step is for; the last
+  thought quotes the output that answers the task. `style="paper"` is the LOOP paper's SFT-GT
+  variant (its App. C): one turn per top-level statement, the statement's comments as the
+  thought, and every observation replaced by "Execution successful.".
+- `replayed_demonstrations`: the assistant messages of successful rollouts from rollouts files
+  (any run, any model: a teacher evaluated through the `openai` backend, say), replayed through
+  the real environment with this policy's tokenizer, so they become token-exact for the student;
+  a replay that no longer reaches `min_reward` is dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from loop.config import AgentConfig
+from loop.generators.scripted import Message, ScriptedGenerator
+from loop.prompt import format_assistant
+from loop.rollout import RolloutJob, collect_rollouts
+from loop.trajectory import Trajectory
+
+DemoStyle = Literal["episode", "paper"]
+PAPER_OBSERVATION = "Execution successful."
+CALL = re.compile(r"apis\.(\w+)\.(\w+)\(")
+ANSWER = re.compile(r"complete_task\(\s*answer\s*=\s*(.+)\)\s*$", re.DOTALL)
+QUOTED_OUTPUT_CHARS = 80  # the last thought quotes the previous output when it is this short
+
+
+class DemonstrationError(ValueError):
+    """Demonstrations cannot be made as configured (stated in one line)."""
+
+
+def gold_scripts(suite: Any, task: Any, style: DemoStyle = "episode") -> list[Message]:
+    """The assistant messages of `task`'s gold solution, thought + code per turn."""
+    if not hasattr(suite, "gold_solution"):
+        raise DemonstrationError(
+            f"suite {suite.name} has no gold solutions: use demonstrations from rollouts files"
+        )
+    cells = list(suite.gold_solution(task))
+    if style == "paper":
+        return [format_assistant(*step) for cell in cells for step in statements(cell)]
+    last = len(cells) - 1
+    return [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
+
+
+def statements(cell: str) -> list[tuple[str, str]]:
+    """A cell split into top-level statements (a loop or def stays whole), each with a thought:
+    the comment lines right above it, else a description of its API calls."""
+    lines = cell.splitlines()
+    body = ast.parse(cell).body
+    steps = []
+    for node in body:
+        first = node.lineno - 1
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            first = min([first] + [d.lineno - 1 for d in node.decorator_list])
+        comments: list[str] = []
+        while first - len(comments) - 1 >= 0:
+            above = lines[first - len(comments) - 1].strip()
+            if not above.startswith("#"):
+                break
+            comments.insert(0, above.lstrip("# ").strip())
+        code = "\n".join(lines[first : node.end_lineno]).strip()
+        steps.append((" ".join(c for c in comments if c) or describe(code), code))
+    return steps
+
+
+def describe(code: str) -> str:
+    """A one-line thought for a cell from the APIs it calls."""
+    calls = list(dict.fromkeys(f"{app}.{api}" for app, api in CALL.findall(code)))
+    logins = [c.split(".")[0] for c in calls if c.endswith(".login")]
+    if logins:
+        apps = " and ".join(logins)
+        return f"First I read my profile and account passwords and log in to {apps}."
+    answer = ANSWER.search(code.strip())
+    if answer:
+        return f"I have the answer in `{answer.group(1).strip()}`, so I pass it to complete_task."
+    if "supervisor.complete_task" in code:
+        return "The change is done and the task asks for no answer, so I mark it complete."
+    data = [c for c in calls if not c.startswith(("supervisor.", "api_docs."))]
+    if data:
+        return f"Next I use {', then '.join(data)} for what the task asks."
+    return "Next I work out what the task asks from what I have."
+
+
+def _episode_turn(cell: str, *, final: bool) -> Message:
+    thought = describe(cell)
+    if not (final and ANSWER.search(cell.strip())):
+        return format_assistant(thought, cell)
+
+    def quoting_output(messages: list[dict[str, str]]) -> str:
+        output = _last_output(messages)
+        if output and len(output) <= QUOTED_OUTPUT_CHARS and "\n" not in output:
+            return format_assistant(
+                f"The output is {output}, which answers the task. {thought}", cell
+            )
+        return format_assistant(thought, cell)
+
+    return quoting_output
+
+
+def _last_output(messages: list[dict[str, str]]) -> str | None:
+    """The text of the last observation (between the ``` fences of `format_observation`)."""
+    if not messages or messages[-1]["role"] != "user":
+        return None
+    content = messages[-1]["content"]
+    start, end = content.find("```\n"), content.rfind("\n```")
+    return content[start + 4 : end].strip() if 0 <= start < end else None
+
+
+def assistant_messages(traj: Trajectory) -> list[str]:
+    """The assistant messages of a finished rollout, in order (what a replay plays back)."""
+    return [turn.text for turn in traj.turns]
+
+
+async def play(
+    scripts: Sequence[tuple[Any, Sequence[Message]]],
+    *,
+    suite: Any,
+    pool: Any,
+    tokenizer: Any,
+    settings: AgentConfig,
+    example: list[dict[str, str]],
+    max_concurrent: int,
+    paper_observations: bool = False,
+    on_done: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Play each (task, messages) script through the real episode loop; graded trajectories.
+
+    `paper_observations` shows the agent "Execution successful." after every cell (the code
+    still runs for real, so the final state and the reward are the real ones).
+    """
+    slots = asyncio.Semaphore(max_concurrent)
+    env_suite = _PaperObservations(suite) if paper_observations else suite
+
+    async def one(index: int, task: Any, messages: Sequence[Message]) -> Trajectory:
+        generator = ScriptedGenerator(tokenizer, messages)
+        async with slots:
+            [traj] = await collect_rollouts(
+                [RolloutJob(task, index, seed=index)], suite=env_suite, pool=pool,
+                generator=generator, tokenizer=tokenizer, settings=settings,
+                example=example, max_concurrent=1, on_done=on_done,
+            )  # fmt: skip
+        return traj
+
+    return list(await asyncio.gather(*(one(i, t, m) for i, (t, m) in enumerate(scripts))))
+
+
+def demo_settings(settings: AgentConfig, scripts: Sequence[tuple[Any, Sequence[Message]]]) -> Any:
+    """The agent settings with room for the longest script (greedy, no turn cap below it)."""
+    import dataclasses
+
+    longest = max((len(messages) for _, messages in scripts), default=1)
+    return dataclasses.replace(settings, max_turns=max(settings.max_turns, longest))
+
+
+def read_successful_rollouts(paths: Sequence[Path | str], min_reward: float) -> list[Trajectory]:
+    """Rollouts whose reward reaches `min_reward`, from run dirs, eval dirs or rollouts files."""
+    from loop.inspect.load import InspectError, find_sources, read_rollouts
+
+    found: list[Trajectory] = []
+    for path in paths:
+        try:
+            sources = find_sources(Path(path))
+        except InspectError as exc:
+            raise DemonstrationError(str(exc)) from None
+        for source in sources:
+            for rollout in read_rollouts(source, with_tokens=False):
+                traj = rollout.traj
+                if traj.reward is not None and traj.reward >= min_reward and traj.turns:
+                    found.append(traj)
+    return found
+
+
+class _PaperObservations:
+    """A suite whose environments answer every cell with "Execution successful."."""
+
+    def __init__(self, suite: Any) -> None:
+        self.suite = suite
+        self.name = suite.name
+        self.uses_sandbox = getattr(suite, "uses_sandbox", True)
+
+    def make_env(self, task: Any, sandbox: Any) -> Any:
+        return _PaperEnv(self.suite.make_env(task, sandbox))
+
+
+class _PaperEnv:
+    """The wrapped environment, with `astep`'s observation replaced."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    async def astep(self, code: str) -> str:
+        await self.env.astep(code)
+        return PAPER_OBSERVATION

@@ -1,0 +1,318 @@
+"""Warm start: supervised fine-tuning of the policy before RL, on demonstrations, cached.
+
+LOOP learns only from groups whose rollouts differ, so a policy that never succeeds gives it
+nothing. The warm start trains the one policy (its LoRA adapter) with cross-entropy on the
+output tokens of demonstrations, through the same learner, chunked log-probs and minibatches
+as RL (`loss: cross_entropy`). It is also how the LOOP paper's fine-tuning baselines run
+(its App. C): SFT-GT is `source: gold` with `style: paper`; RFT is `source: rft`.
+
+1. Demonstrations (`warm_start.source`):
+   - `gold`: the suite's gold solutions played through the real episode loop (loop/demos.py);
+   - `rollouts`: successful rollouts of any run or model, replayed with this tokenizer;
+   - `rft`: rejection sampling: the starting policy rolls out every task once per temperature
+     of `rft_temperatures`; every rollout reaching `min_reward` is kept; tasks still unsolved
+     get another pass, up to `rft_passes` ([P] App. C: 0.05 to 1.0 in steps of 0.05).
+2. The cache key: the model, the LoRA and warm-start settings, the agent settings (the prompt)
+   and the data (the demonstrations' token ids; for `rft`, the tasks, since its data is what
+   the policy samples). A cached adapter is loaded instead of training.
+3. `epochs` passes of cross-entropy minibatch steps (`lr`, `minibatch_size`), a checkpoint
+   after each epoch under `runs/<name>/warm_start/checkpoints/` (a killed warm start resumes
+   at its last epoch). `select: dev` evaluates on `eval.split` after each epoch and keeps the
+   best epoch (the paper picks its RFT epoch on dev); `last` keeps the last.
+4. The adapter is written to `runs/<name>/warm_start/adapter/` (PEFT format: `evaluate.py
+   --checkpoint` scores it) and to the cache (`$LOOP_CACHE_DIR/warm-start/<key>/`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loop import checkpoint
+from loop.batch import Sample, make_sample
+from loop.config import ConfigError, RunConfig
+from loop.demos import (
+    DemonstrationError,
+    assistant_messages,
+    demo_settings,
+    gold_scripts,
+    play,
+    read_successful_rollouts,
+)
+from loop.evaluation import run_evaluation
+from loop.generators.scripted import Message
+from loop.learner import Learner
+from loop.models import default_cache_dir
+from loop.prompt import prompt_example
+from loop.rollout import RolloutJob, collect_rollouts
+from loop.trajectory import Trajectory
+
+ADAPTER = "adapter"
+INFO = "info.json"
+
+
+async def warm_start(
+    config: RunConfig, parts: Any, *, show_progress: bool = True
+) -> dict[str, float]:
+    """Fine-tune `parts.policy` as configured, or load the cached result; `warm_start/*` metrics."""
+    started = time.monotonic()
+    warm = config.warm_start
+    out = config.run_dir / "warm_start"
+    key = cache_key(config, None) if warm.source == "rft" else None
+    cached = _cached(key) if key and warm.cache else None
+    demos: list[Trajectory] = []
+    if cached is None:
+        demos = await demonstrations(config, parts, show_progress)
+        key = key or cache_key(config, demos)
+        cached = _cached(key) if warm.cache else None
+    if cached is not None:
+        checkpoint.load_weights(parts.policy.model, cached)
+        _publish(cached / ADAPTER, out / ADAPTER)
+        info = json.loads((cached / INFO).read_text())
+        print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
+        metrics = {f"warm_start/{k}": v for k, v in info["metrics"].items()}
+        return metrics | {"warm_start/cached": 1.0, "time/warm_start_s": time.monotonic() - started}
+    assert key is not None
+    metrics = await fine_tune(config, parts, demos, out, show_progress)
+    checkpoint.save_weights(parts.policy.model, out / ADAPTER)
+    summary = (
+        f"{len(demos)} demonstrations ({warm.source}), {warm.epochs} epochs: loss "
+        f"{metrics['loss_first_epoch']:.3f} -> {metrics['loss_last_epoch']:.3f}, "
+        f"epoch {int(metrics['selected_epoch'])} kept"
+    )
+    if warm.cache:
+        _store(
+            key,
+            out / ADAPTER,
+            {"summary": summary, "metrics": metrics, "config": _settings(config)},
+        )
+    elapsed = time.monotonic() - started
+    print(
+        f"warm start: {summary}, {elapsed / 60:.1f} min; adapter in {out / ADAPTER}",
+        file=sys.stderr,
+    )
+    return {f"warm_start/{k}": v for k, v in metrics.items()} | {
+        "warm_start/cached": 0.0,
+        "time/warm_start_s": elapsed,
+    }
+
+
+async def demonstrations(config: RunConfig, parts: Any, show_progress: bool) -> list[Trajectory]:
+    """The configured demonstrations, each a graded trajectory that reached `min_reward`."""
+    warm = config.warm_start
+    example = prompt_example(parts.suite, config.agent.worked_example)
+    concurrency = config.train.max_concurrent_rollouts
+    try:
+        if warm.source == "rft":
+            found = await rejection_sample(config, parts, example, show_progress)
+        else:
+            if warm.source == "gold":
+                scripts: list[tuple[Any, Sequence[Message]]] = [
+                    (t, gold_scripts(parts.suite, t, warm.style)) for t in _tasks(config, parts)
+                ]
+            else:
+                replayed = read_successful_rollouts(warm.rollouts, warm.min_reward)
+                scripts = [(parts.suite.task(t.task_id), assistant_messages(t)) for t in replayed]
+            found = await play(
+                scripts, suite=parts.suite, pool=parts.pool, tokenizer=parts.tokenizer,
+                settings=demo_settings(config.agent, scripts), example=example,
+                max_concurrent=concurrency, paper_observations=warm.style == "paper",
+            )  # fmt: skip
+    except (DemonstrationError, KeyError) as exc:
+        raise ConfigError(f"warm_start: {exc}") from None
+    cut = sorted({t.task_id for t in found if any(u.finish_reason == "length" for u in t.turns)})
+    if cut and warm.source != "rft":
+        raise ConfigError(
+            f"warm_start: demonstrations with a turn longer than agent.max_new_tokens="
+            f"{config.agent.max_new_tokens} (the policy could never write them): {cut[:5]}"
+        )
+    kept = [t for t in found if t.reward is not None and t.reward >= warm.min_reward]
+    if warm.source == "gold" and len(kept) < len(found):
+        bad = sorted({t.task_id for t in found if t not in kept})
+        raise ConfigError(f"warm_start: gold demonstrations that do not solve their task: {bad}")
+    if not kept:
+        raise ConfigError(f"warm_start: no demonstration reaches min_reward {warm.min_reward}")
+    return kept
+
+
+async def rejection_sample(
+    config: RunConfig, parts: Any, example: list[dict[str, str]], show_progress: bool
+) -> list[Trajectory]:
+    """RFT's data: the starting policy over the temperature ladder, the successes kept."""
+    warm = config.warm_start
+    tasks = _tasks(config, parts)
+    unsolved = {t.id for t in tasks}
+    kept: list[Trajectory] = []
+    for pass_index in range(warm.rft_passes):
+        for t_index, temperature in enumerate(warm.rft_temperatures):
+            jobs = [
+                RolloutJob(task, t_index, seed=_rft_seed(config.seed, pass_index, t_index, i))
+                for i, task in enumerate(tasks)
+                if task.id in unsolved or pass_index == 0
+            ]
+            settings = dataclasses.replace(config.agent, temperature=temperature)
+            done = await collect_rollouts(
+                jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                tokenizer=parts.tokenizer, settings=settings, example=example,
+                max_concurrent=config.train.max_concurrent_rollouts,
+            )  # fmt: skip
+            good = [t for t in done if t.reward is not None and t.reward >= warm.min_reward]
+            kept += good
+            unsolved -= {t.task_id for t in good}
+            if show_progress:
+                solved = f"{len(tasks) - len(unsolved)}/{len(tasks)} tasks solved"
+                print(f"rft pass {pass_index} T={temperature:g}: {len(good)}/{len(done)} kept, "
+                      f"{solved}", file=sys.stderr)  # fmt: skip
+        if not unsolved:
+            break
+    return kept
+
+
+async def fine_tune(
+    config: RunConfig, parts: Any, demos: list[Trajectory], out: Path, show_progress: bool
+) -> dict[str, float]:
+    """Epochs of cross-entropy steps on `demos` (resuming from the last epoch's checkpoint)."""
+    warm = config.warm_start
+    learner = Learner(
+        parts.policy, lr=warm.lr, weight_decay=config.train.weight_decay, loss="cross_entropy",
+        epochs=1, minibatch_size=warm.minibatch_size,
+        micro_batch_size=min(config.train.micro_batch_size, warm.minibatch_size),
+        max_grad_norm=config.train.max_grad_norm, temperature=1.0,
+        logprob_chunk_size=config.train.logprob_chunk_size,
+    )  # fmt: skip
+    samples = [_sample(d, config.train.max_seq_len) for d in demos]
+    root = out / "checkpoints"
+    history: dict[str, list[float]] = {"loss": [], "dev_tgc": []}
+    first = 0
+    latest = checkpoint.latest_checkpoint(root)
+    if latest is not None:
+        state = checkpoint.load_state(latest)
+        checkpoint.load_weights(parts.policy.model, latest)
+        learner.load_state_dict(state["learner"])
+        history, first = state["history"], int(state["iteration"])
+        print(f"warm start: resuming after epoch {first}", file=sys.stderr)
+    for epoch in range(first, warm.epochs):
+        stats = learner.learn(samples, seed=config.seed * 7919 + epoch)
+        history["loss"].append(stats.metrics()["loss/policy"])
+        if warm.select == "dev":
+            scores = await run_evaluation(
+                config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                tokenizer=parts.tokenizer, out_dir=out / "eval" / f"epoch-{epoch + 1}",
+                show_progress=show_progress,
+            )  # fmt: skip
+            history["dev_tgc"].append(scores["eval/tgc"])
+        state = {"learner": learner.state_dict(), "history": history}
+        checkpoint.save_checkpoint(root, epoch + 1, parts.policy.model, state, keep=warm.epochs)
+        if show_progress:
+            dev = f", dev TGC {history['dev_tgc'][-1]:.3f}" if history["dev_tgc"] else ""
+            loss = history["loss"][-1]
+            print(f"warm start: epoch {epoch + 1}/{warm.epochs} loss {loss:.4f}{dev}",
+                  file=sys.stderr)  # fmt: skip
+    selected = warm.epochs
+    if warm.select == "dev":
+        selected = 1 + max(range(warm.epochs), key=lambda e: (history["dev_tgc"][e], e))
+        checkpoint.load_weights(parts.policy.model, root / f"iter-{selected}")
+    metrics = {
+        "demonstrations": float(len(demos)),
+        "demo_tokens": float(sum(len(d.tokens) for d in demos)),
+        "trained_tokens_per_epoch": float(sum(s.num_output_tokens for s in samples)),
+        "epochs": float(warm.epochs),
+        "loss_first_epoch": history["loss"][0],
+        "loss_last_epoch": history["loss"][-1],
+        "selected_epoch": float(selected),
+    }
+    if history["dev_tgc"]:
+        metrics["selected_dev_tgc"] = history["dev_tgc"][selected - 1]
+    return metrics
+
+
+def cache_key(config: RunConfig, demos: list[Trajectory] | None) -> str:
+    """What the warm-started adapter depends on, hashed (see the module docstring, step 2)."""
+    digest = hashlib.sha256(json.dumps(_settings(config), sort_keys=True).encode())
+    for demo in demos or []:
+        digest.update(json.dumps([demo.task_id, demo.tokens, demo.is_output]).encode())
+    return digest.hexdigest()[:20]
+
+
+def load_init_adapter(config: RunConfig, policy: Any) -> None:
+    """`model.init_adapter`: start from a PEFT adapter directory (or a checkpoint holding one)."""
+    path = Path(str(config.model.init_adapter)).expanduser()
+    adapter = path if (path / checkpoint.ADAPTER_FILE).is_file() else path / "adapter"
+    try:
+        checkpoint.load_adapter(policy.model, adapter)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ConfigError(f"model.init_adapter: {exc}") from None
+
+
+def _settings(config: RunConfig) -> dict[str, Any]:
+    model = dataclasses.asdict(config.model)
+    for irrelevant in ("device", "torch_threads", "attn_implementation"):
+        model.pop(irrelevant)
+    warm = dataclasses.asdict(config.warm_start)
+    warm.pop("cache")
+    return {
+        "model": model, "warm_start": warm, "agent": dataclasses.asdict(config.agent),
+        "suite": config.suite, "seed": config.seed,
+        "micro_batch_size": config.train.micro_batch_size,
+        "max_seq_len": config.train.max_seq_len, "weight_decay": config.train.weight_decay,
+        "max_grad_norm": config.train.max_grad_norm,
+        "eval": dataclasses.asdict(config.eval) if config.warm_start.select == "dev" else None,
+    }  # fmt: skip
+
+
+def _tasks(config: RunConfig, parts: Any) -> list[Any]:
+    warm = config.warm_start
+    tasks = [
+        t
+        for t in parts.suite.tasks(warm.split)
+        if warm.max_difficulty is None or t.difficulty <= warm.max_difficulty
+    ]
+    if not tasks:
+        raise ConfigError(f"warm_start.split {warm.split!r} has no task of difficulty <= "
+                          f"{warm.max_difficulty}")  # fmt: skip
+    return tasks
+
+
+def _sample(demo: Trajectory, max_seq_len: int) -> Sample:
+    return make_sample(demo, [1.0] * max(len(demo.turns), 1), max_seq_len)
+
+
+def _rft_seed(seed: int, pass_index: int, t_index: int, task_index: int) -> int:
+    return ((seed * 1_000_003 + pass_index) * 1009 + t_index) * 100_003 + task_index
+
+
+def _cache_root() -> Path:
+    return default_cache_dir() / "warm-start"
+
+
+def _cached(key: str | None) -> Path | None:
+    if key is None:
+        return None
+    folder = _cache_root() / key
+    complete = (folder / INFO).is_file() and (folder / ADAPTER).is_dir()
+    return folder if complete else None
+
+
+def _store(key: str, adapter: Path, info: dict[str, Any]) -> None:
+    """Copy the adapter into the cache atomically (a temporary sibling, then a rename)."""
+    final = _cache_root() / key
+    tmp = final.with_name(f".tmp-{key}-{time.monotonic_ns()}")
+    shutil.copytree(adapter, tmp / ADAPTER)
+    (tmp / INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+    if final.exists():
+        shutil.rmtree(tmp)
+        return
+    tmp.rename(final)
+
+
+def _publish(adapter: Path, target: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(adapter, target)

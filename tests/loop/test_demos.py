@@ -1,0 +1,122 @@
+"""Demonstrations: gold solutions played as agent episodes through the real loop and sandbox.
+
+A demonstration must be exactly what a rollout of the same task would be: the prompt is the
+episode's encoded opening messages, each turn's output span decodes to the scripted message and
+ends with the template's stop id, `is_output` marks exactly those spans, and the environment's
+own tests give it reward 1.0. Replaying its messages gives the same tokens and the same score.
+
+Run: python -m pytest tests/loop/test_demos.py -q     (about a minute on 2 cores)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from loop.agent import encode_prompt
+from loop.config import AgentConfig
+from loop.demos import (
+    PAPER_OBSERVATION,
+    assistant_messages,
+    demo_settings,
+    describe,
+    gold_scripts,
+    play,
+    statements,
+)
+from loop.models import resolve_model
+from loop.prompt import build_messages
+from sandbox import KernelPool
+from tasks import get_suite
+
+pytestmark = pytest.mark.slow
+SETTINGS = AgentConfig(max_turns=2, max_new_tokens=400, max_context_tokens=4096)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="module")
+def suite() -> Any:
+    return get_suite("apptown")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[KernelPool]:
+    with KernelPool(size=2, timeout_s=10) as kernel_pool:
+        yield kernel_pool
+
+
+def run(scripts: list, suite: Any, pool: KernelPool, tokenizer: Any, **kwargs: Any) -> list:
+    return asyncio.run(play(
+        scripts, suite=suite, pool=pool, tokenizer=tokenizer,
+        settings=demo_settings(SETTINGS, scripts), example=[], max_concurrent=2, **kwargs,
+    ))  # fmt: skip
+
+
+def test_gold_demonstrations_are_token_exact_episodes_that_score_1(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    tasks = [suite.task("music_count_playlists_5"), suite.task("phone_add_contact_1")]
+    scripts = [(task, gold_scripts(suite, task)) for task in tasks]
+    demos = run(scripts, suite, pool, tokenizer)
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for demo, task in zip(demos, tasks, strict=True):
+        assert demo.status == "ok" and demo.reward == 1.0 and demo.success, demo.task_id
+        assert len(demo.turns) == len(suite.gold_solution(task))  # one turn per gold cell
+        opening = demo.messages[:3]  # system, instructions, the task (no worked example here)
+        context = opening[2]["content"].split("\n\n", 1)[1]
+        assert task.instruction in context and opening == build_messages(context, [])
+        assert demo.tokens[: demo.prompt_length] == encode_prompt(tokenizer, opening)
+        sampled = set()
+        for turn, cell in zip(demo.turns, suite.gold_solution(task), strict=True):
+            span = demo.tokens[turn.output_start : turn.output_end]
+            assert span[-1] == stop  # the stop id is part of the demonstration, as sampled
+            assert tokenizer.decode(span, skip_special_tokens=True) == turn.text
+            assert turn.code == cell.strip("\n") and turn.text.index("```python") > 0
+            sampled |= set(range(turn.output_start, turn.output_end))
+        assert {i for i, out in enumerate(demo.is_output) if out} == sampled
+        assert all(math.isnan(x) for x in demo.sampler_logprobs)  # no sampler: no log-probs
+    last = demos[0].turns[-1].text  # a question: the last thought quotes the printed answer
+    answer = demos[0].turns[-2].observation
+    assert f"The output is {answer}, which answers the task." in last
+
+
+def test_a_replayed_demonstration_is_identical_and_scores_1(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    task = suite.task("email_count_from_sender_2")
+    [demo] = run([(task, gold_scripts(suite, task))], suite, pool, tokenizer)
+    [again] = run([(task, assistant_messages(demo))], suite, pool, tokenizer)
+    assert again.tokens == demo.tokens and again.is_output == demo.is_output
+    assert again.reward == 1.0
+
+
+def test_the_papers_variant_shows_execution_successful_and_still_solves(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    task = suite.task("payments_balance_1")
+    scripts = gold_scripts(suite, task, "paper")
+    assert len(scripts) > len(suite.gold_solution(task))  # one message per statement
+    [demo] = run([(task, scripts)], suite, pool, tokenizer, paper_observations=True)
+    assert demo.reward == 1.0
+    assert {t.observation for t in demo.turns[:-1]} == {PAPER_OBSERVATION}
+
+
+def test_statements_keep_loops_whole_and_use_comments_as_thoughts() -> None:
+    cell = "# read the balance\nx = 1\nfor i in range(3):\n    x += i\n\nprint(x)"
+    steps = statements(cell)
+    assert [code for _, code in steps] == ["x = 1", "for i in range(3):\n    x += i", "print(x)"]
+    assert steps[0][0] == "read the balance"
+    assert describe("apis.supervisor.complete_task(answer=len(songs))").endswith(
+        "`len(songs)`, so I pass it to complete_task."
+    )
+    assert "log in to music" in describe('apis.music.login(username="a", password="b")')
