@@ -51,6 +51,29 @@ def save_weights(model: Any, path: Path) -> None:
     distributed.barrier()
 
 
+def publish_weights(policy: Any, generator: Any, target: Path) -> None:
+    """Make `generator` sample from the policy's current weights (collective).
+
+    The `hf` generator samples from the policy itself; every other backend gets the LoRA adapter
+    saved to `target` (rank 0 loads it).
+    """
+    if generator.name == "hf":
+        return
+    save_weights(policy.model, target)  # collective: shards gathered to rank 0
+    serve_adapter(generator, target)
+
+
+def serve_adapter(generator: Any, adapter_dir: Path) -> None:
+    """Point a non-`hf` generator at a saved adapter (rank 0 loads it; collective)."""
+    from loop import distributed
+
+    if generator.name == "hf":
+        return
+    if distributed.is_main():
+        generator.load_adapter(adapter_dir)
+    distributed.barrier()
+
+
 def load_weights(model: Any, checkpoint: Path) -> None:
     """Load what `save_weights` wrote in `checkpoint` into `model` (adapter or full weights)."""
     from safetensors.torch import load_file

@@ -193,24 +193,49 @@ class RunConfig:
 
 
 def load_config(path: Path | str | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
-    """Read a YAML file (or start from defaults), apply `a.b=value` overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = loaded
+    """Read a YAML file (or start from defaults), apply `a.b=value` overrides, validate.
+
+    A file may start from another: `base: other.yaml` (relative to the file) loads that one first
+    and then applies this file's keys on top, section by section.
+    """
+    data = _read_yaml(Path(path), ()) if path is not None else {}
     for override in overrides:
         _apply_override(data, override)
     config = _build(RunConfig, data, prefix="")
     _check_values(config)
     return config
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One config file as a mapping, with its `base` chain merged underneath."""
+    if not path.is_file():
+        where = f" (base of {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file not found: {path}{where}")
+    if path.resolve() in chain:
+        raise ConfigError(f"{path}: base configs form a cycle")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be a file name, got {base!r}")
+    return _merge(_read_yaml(path.parent / base, (*chain, path.resolve())), loaded)
+
+
+def _merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `under`; mappings merge key by key, anything else replaces."""
+    merged = dict(under)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:

@@ -115,6 +115,8 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     )  # fmt: skip
     learner = build_learner(config, parts.policy)
     start = resume(run_dir, parts.policy, learner, sampler)
+    if start > 0:
+        sync_weights(parts, run_dir, start - 1)
     runlog = open_run(config, run_dir, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
         stress_test(learner, cfg.max_seq_len)
@@ -161,11 +163,14 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
             save(run_dir, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
+    final: dict[str, float] = {}
     if cfg.eval_every and (start < cfg.iterations or cfg.iterations == 0):
         final = await evaluate_during_training(config, parts, cfg.iterations, show_progress)
-        if runlog is not None and (final or cfg.iterations == 0):
-            runlog.log(cfg.iterations, (metrics if cfg.iterations == 0 else {}) | final)
-        metrics |= final
+    if cfg.iterations == 0:
+        final = metrics | final  # no iteration logged the warm start's numbers
+    if runlog is not None and final:
+        runlog.log(cfg.iterations, final)
+    metrics |= final
     if runlog is not None:
         runlog.close()
         print(learning_report(config.run_dir), file=sys.stderr)
@@ -178,6 +183,7 @@ async def prepare_policy(
     """Step W: load `model.init_adapter`, then run (or load) the configured warm start."""
     if config.model.init_adapter is not None:
         load_init_adapter(config, parts.policy)
+        sync_weights(parts, config.run_dir, -1)
     if config.warm_start.source == "none":
         return {}
     return await warm_start(config, parts, show_progress=show_progress)
@@ -424,13 +430,9 @@ def learn(
 
 def sync_weights(parts: TrainParts, run_dir: Path, iteration: int) -> None:
     """Hand the new weights to the generator (the hf generator already samples from them)."""
-    if parts.generator.name == "hf":
-        return
-    target = run_dir / "adapter-sync" / f"iter-{iteration + 1}"
-    checkpoint.save_weights(parts.policy.model, target)  # collective: shards gathered to rank 0
-    if distributed.is_main():
-        parts.generator.load_adapter(target)
-    distributed.barrier()
+    checkpoint.publish_weights(
+        parts.policy, parts.generator, run_dir / "adapter-sync" / f"iter-{iteration + 1}"
+    )
 
 
 def throughput(

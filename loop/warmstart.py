@@ -26,14 +26,18 @@ as RL (`loss: cross_entropy`). It is also how the LOOP paper's fine-tuning basel
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from loop import checkpoint
 from loop.batch import Sample, make_sample
@@ -75,6 +79,7 @@ async def warm_start(
     if cached is not None:
         checkpoint.load_weights(parts.policy.model, cached)
         _publish(cached / ADAPTER, out / ADAPTER)
+        checkpoint.serve_adapter(parts.generator, out / ADAPTER)
         info = json.loads((cached / INFO).read_text())
         print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
         metrics = {f"warm_start/{k}": v for k, v in info["metrics"].items()}
@@ -82,6 +87,7 @@ async def warm_start(
     assert key is not None
     metrics = await fine_tune(config, parts, demos, out, show_progress)
     checkpoint.save_weights(parts.policy.model, out / ADAPTER)
+    checkpoint.serve_adapter(parts.generator, out / ADAPTER)
     summary = (
         f"{len(demos)} demonstrations ({warm.source}), {warm.epochs} epochs: loss "
         f"{metrics['loss_first_epoch']:.3f} -> {metrics['loss_last_epoch']:.3f}, "
@@ -127,8 +133,9 @@ async def demonstrations(config: RunConfig, parts: Any, show_progress: bool) -> 
             )  # fmt: skip
     except (DemonstrationError, KeyError) as exc:
         raise ConfigError(f"warm_start: {exc}") from None
+    # Authored turns must fit what the policy may write; replayed rollouts are graded again below.
     cut = sorted({t.task_id for t in found if any(u.finish_reason == "length" for u in t.turns)})
-    if cut and warm.source != "rft":
+    if cut and warm.source == "gold":
         raise ConfigError(
             f"warm_start: demonstrations with a turn longer than agent.max_new_tokens="
             f"{config.agent.max_new_tokens} (the policy could never write them): {cut[:5]}"
@@ -199,9 +206,19 @@ async def fine_tune(
         history, first = state["history"], int(state["iteration"])
         print(f"warm start: resuming after epoch {first}", file=sys.stderr)
     for epoch in range(first, warm.epochs):
-        stats = learner.learn(samples, seed=config.seed * 7919 + epoch)
+        steps = math.ceil(len(samples) / learner.local_minibatch_size())
+        progress = tqdm(
+            total=steps, desc=f"warm start epoch {epoch + 1}/{warm.epochs}", unit="step",
+            disable=not show_progress, leave=False, file=sys.stderr,
+        )  # fmt: skip
+        learner.on_step = functools.partial(progress.update, 1)
+        try:
+            stats = learner.learn(samples, seed=config.seed * 7919 + epoch)
+        finally:
+            progress.close()
         history["loss"].append(stats.metrics()["loss/policy"])
         if warm.select == "dev":
+            checkpoint.publish_weights(parts.policy, parts.generator, out / "adapter-sync")
             scores = await run_evaluation(
                 config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
                 tokenizer=parts.tokenizer, out_dir=out / "eval" / f"epoch-{epoch + 1}",

@@ -7,7 +7,8 @@ inspector's demo and the tests play scripted rollouts through the real loop and 
 
 A message is text, or a function of the conversation so far (the `messages` the episode loop
 passes), so a scripted thought can quote what the environment just answered. Past the last
-message the last one repeats. Log-probs are `logprob` for every id, or None (unknown) by default.
+message the last one repeats. Log-probs are `logprob` for every id (a number, or a function
+called once per id), or None (unknown) by default.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ class ScriptedGenerator:
     name = "scripted"
 
     def __init__(
-        self, tokenizer: Any, messages: Sequence[Message], *, logprob: float | None = None
+        self,
+        tokenizer: Any,
+        messages: Sequence[Message],
+        *,
+        logprob: float | Callable[[], float] | None = None,
     ) -> None:
         if not messages:
             raise ValueError("a script needs at least one message")
@@ -50,7 +55,10 @@ class ScriptedGenerator:
         if params.stop_token_ids and len(ids) < params.max_new_tokens:
             ids, reason = [*ids, params.stop_token_ids[0]], "stop"
         ids = ids[: params.max_new_tokens]
-        logprobs = None if self.logprob is None else [self.logprob] * len(ids)
+        logprobs = None
+        if self.logprob is not None:
+            draw = self.logprob
+            logprobs = [draw() if callable(draw) else draw for _ in ids]
         return Generation(ids, logprobs, reason)
 
     def load_adapter(self, path: Path | None) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from loop.config import AgentConfig, RunConfig
-from loop.generators.base import Generation, SamplingParams
+from loop.generators.scripted import ScriptedGenerator
 from loop.metrics import compute_metrics
 from loop.prompt import worked_example
 from loop.rollout import RolloutJob, collect_rollouts
@@ -40,34 +40,6 @@ from loop.trajectory import Trajectory
 CALL = re.compile(r"apis\.(\w+)\.(\w+)")
 TOKENIZER_MODEL = "smollm2-135m"  # the embedded default's tokenizer (loop/models.py)
 SETTINGS = AgentConfig(max_turns=12, max_new_tokens=1500, max_observation_tokens=600)
-
-
-class ScriptedGenerator:
-    """Plays one rollout's script: turn k returns the ids of message k (then stops)."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer: Any, messages: list[str], seed: int) -> None:
-        self.tokenizer, self.messages, self.turn = tokenizer, messages, 0
-        self.rng = random.Random(seed)
-
-    async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, *, messages: Any = None
-    ) -> Generation:
-        text = self.messages[min(self.turn, len(self.messages) - 1)]
-        self.turn += 1
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][
-            : params.max_new_tokens - 1
-        ]
-        ids = [*ids, params.stop_token_ids[0]]
-        logprobs = [-(abs(self.rng.gauss(0, 0.5)) ** 2) for _ in ids]
-        return Generation(ids, logprobs, "stop")
-
-    def load_adapter(self, path: Any) -> None:
-        """Nothing to load: the script is the policy."""
-
-    async def close(self) -> None:
-        """Nothing to release."""
 
 
 def script(suite: Any, task: Any, skill: float, rng: random.Random) -> list[str]:
@@ -113,8 +85,11 @@ async def rollouts(
 
     async def one(task: Any, sample: int) -> Trajectory:
         rng = random.Random(f"{seed}/{task.id}/{sample}")
+        noise = random.Random(rng.randrange(1 << 30))
         generator = ScriptedGenerator(
-            tokenizer, script(suite, task, skill, rng), rng.randrange(1 << 30)
+            tokenizer,
+            script(suite, task, skill, rng),
+            logprob=lambda: -(abs(noise.gauss(0, 0.5)) ** 2),
         )
         [traj] = await collect_rollouts(
             [RolloutJob(task, sample, seed=seed)], suite=suite, pool=pool, generator=generator,

@@ -26,6 +26,14 @@ def test_quickstart_config_loads() -> None:
     assert config.run_dir == Path("runs") / "quickstart"
 
 
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_shipped_config_loads(path: Path) -> None:
+    config = load_config(path)
+    assert config.name and config.train.iterations >= 0
+
+
 def test_defaults_follow_the_paper() -> None:
     config = RunConfig()
     assert (config.agent.max_turns, config.agent.max_new_tokens) == (50, 1500)
@@ -86,3 +94,25 @@ def test_splits_are_checked_against_the_suite() -> None:
     config.eval.more_splits = ["easy_heldout", "validation"]
     with pytest.raises(ConfigError, match=r"eval.more_splits\[1\]: .*validation"):
         check_splits(config, suite)
+
+
+def test_a_config_can_start_from_a_base(tmp_path: Path) -> None:
+    (tmp_path / "family").mkdir()
+    (tmp_path / "paper.yaml").write_text(
+        "name: paper\nagent:\n  max_turns: 40\n  temperature: 0.5\ntrain:\n  lr: 5.0e-5\n"
+    )
+    child = tmp_path / "family" / "ei.yaml"
+    child.write_text("base: ../paper.yaml\nname: ei\nagent:\n  max_turns: 7\n")
+    config = load_config(child, ["train.epochs=1"])
+    assert (config.name, config.agent.max_turns, config.agent.temperature) == ("ei", 7, 0.5)
+    assert (config.train.lr, config.train.epochs) == (5.0e-5, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("base: missing.yaml\n", "config file not found"), ("base: self.yaml\n", "form a cycle")],
+)
+def test_bad_bases_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "self.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(tmp_path / "self.yaml")

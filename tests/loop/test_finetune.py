@@ -5,7 +5,9 @@ trainer, the warm start's cache key.
   prompt and the observations are never trained) and it falls over a few epochs.
 - EI: `advantage: filter` + `loss: cross_entropy` keeps exactly the rollouts whose return
   reaches `return_threshold`, and raises the reward of the synthetic task.
-- The warm start's cache key changes with its data and with every setting that shapes it.
+- The warm start's cache key changes with its data and with every setting that shapes it; a
+  warm start from a teacher's rollouts trains, is served to a separate generator, and a second
+  run with the same data and settings loads the cached adapter.
 
 Run: python -m pytest tests/loop/test_finetune.py -q
 """
@@ -18,16 +20,21 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
+from loop import checkpoint
 from loop.batch import Sample, collate
 from loop.config import load_config
+from loop.generators.hf import HFGenerator
 from loop.learner import Learner
 from loop.logprobs import token_logprobs
+from loop.policy import LoraSettings, _wrap_lora
+from loop.trainer import TrainParts, train
 from loop.trajectory import Trajectory
 from loop.warmstart import cache_key
-from tests.loop.synthetic import synthetic_policy
-from tests.loop.test_trainer import rewards, run_synthetic
+from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy
+from tests.loop.test_trainer import SYNTHETIC, rewards, run_synthetic
 
 
 def demo_sample(seed: int) -> Sample:
@@ -93,3 +100,57 @@ def test_the_warm_start_cache_key_follows_data_and_settings() -> None:
         ["warm_start.source=gold", "warm_start.cache=false", "model.torch_threads=1", "name=x"],
     )
     assert cache_key(same, [demo]) == base  # neither caching nor threads nor the run's name
+
+
+class ServingRecorder:
+    """The hf generator under another backend's name: records the adapters it is told to serve."""
+
+    def __init__(self, inner: HFGenerator) -> None:
+        self.inner, self.name, self.served = inner, "recorder", []
+
+    async def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return await self.inner.generate(*args, **kwargs)
+
+    def load_adapter(self, path: Path) -> None:
+        self.served.append(Path(path))
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def warm_started(tmp_path: Path, name: str, teacher: Path) -> tuple[dict, ServingRecorder]:
+    config = load_config(
+        None,
+        [f"output_dir={tmp_path}", f"name={name}", *SYNTHETIC, "model.lora_rank=4",
+         "model.lora_alpha=8", "train.iterations=0", "warm_start.source=rollouts",
+         f"warm_start.rollouts=[{teacher}]", "warm_start.min_reward=0.75",
+         "warm_start.epochs=3", "warm_start.lr=0.01", "warm_start.minibatch_size=4"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    policy = synthetic_policy()
+    policy.model = _wrap_lora(policy.model, LoraSettings(rank=4, alpha=8))
+    generator = ServingRecorder(HFGenerator(policy, max_batch_size=16))
+    parts = TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
+    train(config, parts, show_progress=False)
+    [record] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+    return record, generator
+
+
+def test_a_warm_start_trains_on_a_teachers_rollouts_then_comes_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOP_CACHE_DIR", str(tmp_path / "cache"))
+    run_synthetic(tmp_path, 1)  # the "teacher": one iteration's rollouts
+    teacher = tmp_path / "synth" / "rollouts" / "iter-0.jsonl.gz"
+    with gzip.open(teacher, "rt") as lines:
+        good = sum(json.loads(line)["reward"] >= 0.75 for line in lines)
+    assert good > 0
+    first, served = warm_started(tmp_path, "a", teacher)
+    assert first["warm_start/demonstrations"] == good and first["warm_start/cached"] == 0
+    assert first["warm_start/loss_last_epoch"] < first["warm_start/loss_first_epoch"]
+    adapter = tmp_path / "a" / "warm_start" / "adapter" / checkpoint.ADAPTER_FILE
+    assert served.served == [adapter.parent]  # a separate engine samples from the warm start
+    second, served = warm_started(tmp_path, "b", teacher)
+    assert second["warm_start/cached"] == 1 and served.served == [tmp_path / "b/warm_start/adapter"]
+    again = tmp_path / "b" / "warm_start" / "adapter" / checkpoint.ADAPTER_FILE
+    assert again.read_bytes() == adapter.read_bytes()
