@@ -26,9 +26,7 @@ def test_quickstart_config_loads() -> None:
     assert config.run_dir == Path("runs") / "quickstart"
 
 
-@pytest.mark.parametrize(
-    "path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name
-)
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path: Path) -> None:
     config = load_config(path)
     assert config.name and config.train.iterations >= 0
