@@ -28,7 +28,7 @@ from sandbox import KernelPool
 from tasks import get_suite
 
 
-class _Replay:
+class Replay:
     """Replays gold-solution cells as assistant turns, to grow real multi-turn prefixes."""
 
     name = "replay"
@@ -62,7 +62,7 @@ def rollout_prefixes(tokenizer: Any, n_rollouts: int, turns: int) -> list[list[l
         sandbox = await pool.acquire_async()
         try:
             cells = suite.gold_solution(task) * turns  # repeats past the end: long prefixes
-            replay = _Replay(tokenizer, cells[:-1])  # never the final complete_task cell
+            replay = Replay(tokenizer, cells[:-1])  # never the final complete_task cell
             env = suite.make_env(task, sandbox)
             traj = await run_episode(
                 env, task, replay, tokenizer, settings, example=list(worked_example(suite))

@@ -83,7 +83,6 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
     backend = config.generator.backend
     _set_torch_threads(config)
     if backend == "hf":
-        from loop.generators.hf import HFGenerator
         from loop.policy import load_policy
 
         policy = load_policy(
@@ -96,7 +95,7 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
             from peft import PeftModel
 
             policy.model = PeftModel.from_pretrained(policy.model, str(checkpoint))
-        generator: Generator = HFGenerator(policy, max_batch_size=config.generator.max_batch_size)
+        generator: Generator = _hf_generator(config, policy)
         return generator, policy.tokenizer
     tokenizer = build_tokenizer(config)
     if backend == "vllm":
@@ -169,12 +168,22 @@ def build_training(config: RunConfig) -> Iterator[Any]:
 
 def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
     if config.generator.backend == "hf":
-        from loop.generators.hf import HFGenerator
-
-        return HFGenerator(policy, max_batch_size=config.generator.max_batch_size)
+        return _hf_generator(config, policy)
     if config.generator.backend != "vllm":
         raise ConfigError("training needs generator.backend hf or vllm")
     return _vllm_generator(config, enable_lora=lora is not None)
+
+
+def _hf_generator(config: RunConfig, policy: Any) -> Generator:
+    from loop.generators.hf import HFGenerator
+
+    settings = config.generator
+    return HFGenerator(
+        policy,
+        max_batch_size=settings.max_batch_size,
+        kv_reuse=settings.kv_reuse,
+        kv_cache_mb=settings.kv_cache_mb,
+    )
 
 
 def _vllm_generator(config: RunConfig, *, enable_lora: bool) -> Generator:

@@ -1,35 +1,46 @@
-"""The `hf` generator: samples with the training model object itself, batching concurrent calls.
+"""The `hf` generator: samples with the training model object itself, with continuous batching
+and KV reuse.
 
 Exactly one copy of the weights: the generator runs the policy's own model, so it always
 samples from the current learner weights (LoRA included).
 
-1. `generate` checks the prompt and queues a request; a background asyncio task (the batcher)
-   takes up to `max_batch_size` requests, waiting at most `batch_wait_s` for more.
-2. The batch runs in one worker thread, so the event loop stays free: left-padded prompts,
-   position ids counting only real tokens, one prefill, then one decode step per token with
-   the KV cache. The model is in eval mode under `torch.no_grad()` with `use_cache=True`
-   (transformers skips gradient checkpointing in eval mode); each module's training flag is
-   restored afterwards.
-3. Our own sampling loop treats each row with its own temperature, top_p, stop ids and seed,
-   so each log-prob is exactly `log q(token)` under the distribution sampled from
-   (log-softmax of logits / temperature, renormalised over the top-p nucleus). At
-   temperature 0 (greedy) it is the model's log-prob at temperature 1.
-4. A row ends at its first sampled stop id (kept) or at `max_new_tokens`; nothing after the
-   stop id and no padding is returned.
+1. `generate` checks the prompt and hands the request to one worker thread (the event loop
+   stays free); the result comes back to the caller's loop.
+2. Continuous batching: the worker keeps up to `max_batch_size` rows decoding. A finished row
+   leaves at once and a waiting request joins before the next decode step.
+3. KV reuse (`loop/generators/kvcache.py`, `loop/generators/engine.py`): a joining request
+   reuses the keys and values earlier requests computed, valid for the current weights only: the
+   longest shared prefix of any earlier first-turn prompt (the system message and worked example
+   are shared by every rollout, the whole first prompt by a task's K rollouts), or its own
+   rollout's cache from the previous turn. It prefills only what is new: the glue and the
+   observation. The store holds at most `kv_cache_mb`, least recently used first out.
+4. Stale keys are never used: before each step the worker compares a fingerprint of the weights
+   (every parameter's storage and in-place version counter, which optimizer steps and
+   `load_adapter` bump) with the last one; on a change it drops the store and recomputes the
+   active rows' caches under the new weights.
+5. Our own sampling treats each row with its own temperature, top_p, stop ids and seed, so each
+   log-prob is exactly `log q(token)` under the distribution sampled from (log-softmax of
+   logits / temperature, renormalised over the top-p nucleus). At temperature 0 (greedy) it is
+   the model's log-prob at temperature 1. A row ends at its first sampled stop id (kept) or at
+   `max_new_tokens`; nothing after the stop id is returned.
 
-If a batch fails, each of its requests is retried alone, so only requests that fail on their
-own get a `GeneratorError`; the batcher keeps serving. Batching is static: requests arriving
-during a batch wait for the next. Use one event loop at a time per generator.
+Models the engine does not run (`engine.supports`), and `kv_reuse=False`, take the reference
+path: static batches through the plain transformers forward (`sample_batch`), where requests
+arriving during a batch wait for the next. A request whose prefill fails gets a
+`GeneratorError` alone (on the static path: each request of a failed batch is retried alone);
+a failing decode step fails the rows in it; the worker keeps serving. The model is in eval mode
+under `torch.no_grad()` while sampling; each module's training flag is restored afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
+import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,37 +48,69 @@ import torch
 from torch import Tensor
 
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.engine import DecoderEngine, Row, supports
+from loop.generators.kvcache import KVStore
 from loop.policy import Policy
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     future: asyncio.Future[Generation]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(eq=False)
+class _Active:
+    """A request being decoded: its row in the engine and what it sampled so far."""
+
+    request: _Request
+    row: Row
+    rng: torch.Generator | None
+    sampled: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
 
 
 class HFGenerator:
-    """An async, batched sampler over the policy's own model (see the module docstring)."""
+    """An async sampler over the policy's own model (see the module docstring)."""
 
     name = "hf"
 
-    def __init__(self, policy: Policy, *, max_batch_size: int = 8, batch_wait_s: float = 0.01):
-        if max_batch_size < 1 or batch_wait_s < 0:
-            raise ValueError(f"bad batching: max_batch_size={max_batch_size}, wait={batch_wait_s}")
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        max_batch_size: int = 8,
+        kv_reuse: bool = True,
+        kv_cache_mb: float = 1024,
+        batch_wait_s: float = 0.01,
+    ):
+        if max_batch_size < 1 or batch_wait_s < 0 or kv_cache_mb < 0:
+            raise ValueError(
+                f"bad hf generator settings: max_batch_size={max_batch_size}, "
+                f"kv_cache_mb={kv_cache_mb}, batch_wait_s={batch_wait_s}"
+            )
         self.policy = policy
         self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s
-        self.batches_run = 0  # batched sampling runs (one prefill + decode steps each)
+        self.batch_wait_s = batch_wait_s  # the static path: how long a batch waits for more
+        self.batches_run = 0  # forward batches: prefills and decode steps
         self.requests_served = 0
         self.tokens_generated = 0
+        self.cache = KVStore(int(kv_cache_mb * 2**20))
+        self.engine = (
+            DecoderEngine(policy.model, max_rows=max_batch_size)
+            if kv_reuse and supports(policy.model)
+            else None
+        )
         self._vocab_size = policy.model.get_input_embeddings().num_embeddings
         self._pad_id = _pad_token_id(policy)
         self._model_lock = threading.Lock()  # one user of the weights at a time (load_adapter)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generator")
-        self._queue: asyncio.Queue[_Request] | None = None
-        self._batcher: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._active: list[_Active] = []
+        self._fingerprint: tuple[tuple[int, int], ...] | None = None
+        self._worker: threading.Thread | None = None
         self._closed = False
 
     async def generate(
@@ -81,16 +124,18 @@ class HFGenerator:
         if self._closed:
             raise GeneratorError("hf generator is closed")
         self._check_prompt(prompt_token_ids)
-        queue = self._ensure_batcher()
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        await queue.put(_Request(list(prompt_token_ids), params, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Generation] = loop.create_future()
+        self._ensure_worker()
+        self._inbox.put(_Request(list(prompt_token_ids), params, future, loop))
         return await future
 
     def load_adapter(self, path: Path | None) -> None:
         """None: no-op (the learner trains this very model, so its weights are already current).
 
         A path: copy that peft adapter directory's LoRA weights into the policy's peft model,
-        which is also the learner's model (one copy). Waits for a running batch to finish.
+        which is also the learner's model (one copy). Waits for a running step to finish; the
+        weights' fingerprint then changes, so no cached keys of the old weights are used.
         """
         if path is None:
             return
@@ -114,19 +159,12 @@ class HFGenerator:
             )
 
     async def close(self) -> None:
-        """Stop the batcher; queued and running requests get a `GeneratorError`."""
+        """Stop the worker; queued and running requests get a `GeneratorError`."""
         self._closed = True
-        batcher, self._batcher = self._batcher, None
-        if batcher is not None and not batcher.done():
-            with contextlib.suppress(RuntimeError):  # its loop may be closed already
-                batcher.cancel()
-            if self._loop is asyncio.get_running_loop():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await batcher
-        if self._queue is not None:
-            while not self._queue.empty():
-                _fail(self._queue.get_nowait(), GeneratorError("hf generator closed"))
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._inbox.put(None)
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await asyncio.to_thread(worker.join, 30)
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
@@ -135,52 +173,163 @@ class HFGenerator:
         if bad:
             raise GeneratorError(f"prompt token ids outside [0, {self._vocab_size}): {bad[:5]}")
 
-    def _ensure_batcher(self) -> asyncio.Queue[_Request]:
-        """The queue of the batcher on the running loop, starting one if needed."""
-        loop = asyncio.get_running_loop()
-        if self._queue is None or self._batcher is None or self._loop is not loop:
-            self._loop, self._queue = loop, asyncio.Queue()
-            self._batcher = loop.create_task(self._run_batcher(self._queue), name="hf-batcher")
-        return self._queue
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="hf-generator", daemon=True)
+            self._worker.start()
 
-    async def _run_batcher(self, queue: asyncio.Queue[_Request]) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect_batch(queue)
-            batch = [request for request in batch if not request.future.done()]  # cancelled
-            if not batch:
-                continue
-            try:
-                outcomes = await loop.run_in_executor(self._executor, self._serve, batch)
-            except asyncio.CancelledError:
-                for request in batch:
-                    _fail(request, GeneratorError("hf generator closed during generation"))
-                raise
-            for request, outcome in zip(batch, outcomes, strict=True):
-                if isinstance(outcome, Generation):
-                    if not request.future.done():
-                        request.future.set_result(outcome)
+    def _work(self) -> None:
+        """The worker thread: serve until `close` (then fail whatever is left)."""
+        try:
+            while not self._closed:
+                if self.engine is None:
+                    self._serve_static(self._take(self.max_batch_size, block=True))
                 else:
-                    _fail(request, outcome)
+                    room, idle = self.max_batch_size - len(self._active), not self._active
+                    self._serve_continuous(self._take(room, block=idle))
+        finally:
+            closed = GeneratorError("hf generator closed")
+            for active in self._active:
+                _deliver(active.request, closed)
+            self._active = []
+            while not self._inbox.empty():
+                request = self._inbox.get_nowait()
+                if request is not None:
+                    _deliver(request, closed)
 
-    async def _collect_batch(self, queue: asyncio.Queue[_Request]) -> list[_Request]:
-        batch = [await queue.get()]
-        deadline = asyncio.get_running_loop().time() + self.batch_wait_s
-        while len(batch) < self.max_batch_size:
-            if not queue.empty():
-                batch.append(queue.get_nowait())
-                continue
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                break
+    def _take(self, limit: int, block: bool) -> list[_Request]:
+        """Up to `limit` queued requests: waiting for the first when `block`, and on the static
+        path up to `batch_wait_s` for more."""
+        taken: list[_Request] = []
+        deadline = time.monotonic() + self.batch_wait_s
+        while len(taken) < limit:
+            wait = deadline - time.monotonic() if self.engine is None else 0.0
             try:
-                batch.append(await asyncio.wait_for(queue.get(), remaining))
-            except TimeoutError:
+                if block and not taken:
+                    request = self._inbox.get()
+                elif taken and wait > 0:
+                    request = self._inbox.get(timeout=wait)
+                else:
+                    request = self._inbox.get_nowait()
+            except queue.Empty:
                 break
-        return batch
+            if request is None:  # close() wakes the worker
+                break
+            if not request.future.done():  # not cancelled meanwhile
+                taken.append(request)
+        return taken
+
+    def _serve_continuous(self, joining: list[_Request]) -> None:
+        """Admit `joining`, then one decode step for every active row."""
+        assert self.engine is not None
+        with self._model_lock, _sampling_mode(self.policy.model):
+            self._sync_weights()
+            for request in joining:
+                self._admit(request)
+            for active in [a for a in self._active if a.request.future.done()]:  # cancelled
+                self._leave(active, retain=False)
+            if self._active:
+                self._decode_step()
+
+    def _sync_weights(self) -> None:
+        """Drop every cached key of old weights; recompute the active rows' caches."""
+        assert self.engine is not None
+        fingerprint = _weights_fingerprint(self.policy.model)
+        if fingerprint == self._fingerprint:
+            return
+        if self._fingerprint is not None:
+            self.cache.invalidate()
+            for active in self._active:
+                row, ids = active.row, active.row.ids
+                row.ids, row.entry, row.n_prefix = [], None, 0
+                self.engine.prefill(row, ids)
+        self._fingerprint = fingerprint
+
+    def _admit(self, request: _Request) -> None:
+        """Give a request a row: reuse what the store has, prefill the rest, sample a token."""
+        assert self.engine is not None
+        prompt = request.prompt_token_ids
+        match = self.cache.match(prompt)
+        row = Row(ids=prompt[: match.reused], entry=match.entry, n_prefix=match.n_prefix)
+        active = _Active(request, row, _rng(request.params.seed, self.policy.device))
+        self.engine.add(row, match.own)
+        self._active.append(active)
+        try:
+            logits = self.engine.prefill(row, prompt[match.reused :])
+        except Exception as exc:
+            self._leave(active, retain=False)
+            _deliver(request, GeneratorError(f"hf generation failed: {_one_line(exc)}"))
+            return
+        self.batches_run += 1
+        if not match.from_retained and match.reused < len(prompt) - 1:
+            self._share_prompt(row)
+        self._pick([active], logits[None])
+
+    def _share_prompt(self, row: Row) -> None:
+        """Keep `row`'s whole prompt as a prefix entry and let the row view it."""
+        assert self.engine is not None
+        own = self.engine.own_kv(row)
+        kv = (
+            own.clone()
+            if row.entry is None
+            else torch.cat([row.entry.kv[:, :, :, : row.n_prefix], own], dim=3)
+        )
+        entry = self.cache.add_entry(row.ids, kv)
+        if entry is not None:
+            row.entry, row.n_prefix = entry, len(row.ids)
+
+    def _decode_step(self) -> None:
+        assert self.engine is not None
+        self._active.sort(key=lambda active: active.row.slot)  # a leaving row's slot was refilled
+        rows = [active.row for active in self._active]
+        try:
+            logits = self.engine.decode(rows, [active.sampled[-1] for active in self._active])
+        except Exception as exc:
+            error = GeneratorError(f"hf generation failed: {_one_line(exc)}")
+            for active in list(self._active):
+                self._leave(active, retain=False)
+                _deliver(active.request, error)
+            return
+        self.batches_run += 1
+        self._pick(list(self._active), logits)
+
+    def _pick(self, actives: list[_Active], logits: Tensor) -> None:
+        """Sample each row's next token; finished rows leave and get their result."""
+        finish: list[FinishReason | None] = [None for _ in actives]
+        _pick_tokens(
+            logits,
+            [a.request.params for a in actives],
+            [a.rng for a in actives],
+            [a.sampled for a in actives],
+            [a.logprobs for a in actives],
+            finish,
+        )
+        for active, reason in zip(actives, finish, strict=True):
+            if reason is None:
+                continue
+            self._leave(active, retain=True)
+            self.requests_served += 1
+            self.tokens_generated += len(active.sampled)
+            _deliver(active.request, Generation(active.sampled, active.logprobs, reason))
+
+    def _leave(self, active: _Active, *, retain: bool) -> None:
+        """Free the row's slot; keep its cache for the rollout's next turn if `retain`."""
+        assert self.engine is not None
+        self._active.remove(active)
+        own = self.engine.remove(active.row)
+        if retain:
+            row = active.row
+            self.cache.retain(row.ids, row.entry, row.n_prefix, own)
+
+    def _serve_static(self, batch: list[_Request]) -> None:
+        """The reference path: one static batch, each request retried alone if it fails."""
+        if not batch:
+            return
+        for request, outcome in zip(batch, self._serve(batch), strict=True):
+            _deliver(request, outcome)
 
     def _serve(self, batch: list[_Request]) -> list[Generation | GeneratorError]:
-        """Worker thread: the batch at once; if that fails, each request alone."""
+        """The batch at once; if that fails, each request alone."""
         try:
             return list(self._sample_batch(batch))
         except Exception as exc:
@@ -333,9 +482,24 @@ def _pad_token_id(policy: Policy) -> int:
     return int(pad) if pad is not None else 0
 
 
-def _fail(request: _Request, error: Exception) -> None:
-    if not request.future.done():
-        request.future.set_exception(error)
+def _weights_fingerprint(model: Any) -> tuple[tuple[int, int], ...]:
+    """Each parameter's storage address and in-place version: any weight update changes it."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _deliver(request: _Request, outcome: Generation | Exception) -> None:
+    """Complete the request's future on its own event loop (from the worker thread)."""
+
+    def settle() -> None:
+        if request.future.done():
+            return
+        if isinstance(outcome, Exception):
+            request.future.set_exception(outcome)
+        else:
+            request.future.set_result(outcome)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+        request.loop.call_soon_threadsafe(settle)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,0 +1,272 @@
+"""The `hf` generator's decoding engine for Llama-family models: KV reuse and row slots.
+
+It runs the policy's own modules (embeddings, each layer's norms, projections, MLP, the LM
+head), so LoRA adapters and hooks apply as in the learner's forward; only the attention and the
+cache are ours. A row's keys and values live in two parts:
+
+- a **prefix view**: the first `n_prefix` tokens of a frozen `PrefixEntry` (`loop/generators/
+  kvcache.py`), shared by every row that starts with the same ids and read once per decode
+  step for all of them;
+- its **own slot**: row i of a preallocated (layers, 2, rows, kv_heads, capacity, head_dim)
+  tensor, written in place, one position per decode step (no per-step copy of the cache).
+
+Attention over the two parts is computed separately and merged exactly with their
+log-sum-exps (as cascade/shared-prefix attention does), so a row's output equals attention over
+the concatenation. Keys, values and the attention math are float32 whatever the model's dtype,
+as the learner's CPU attention kernel accumulates in float32. Active rows always occupy slots
+0..B-1 in order: a leaving row's slot is filled by the last one.
+
+Supported: `model_type` llama, mistral, qwen2 and qwen3 (those whose layers are
+`input_layernorm -> self_attn(q, k, v, o) -> post_attention_layernorm -> mlp`, full
+attention, rotary embeddings). `supports(model)` says whether a model qualifies; the generator
+falls back to the plain transformers forward otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from loop.generators.kvcache import PrefixEntry
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def supports(model: Any) -> bool:
+    """True when `model` (peft-wrapped or not) has a layer layout this engine runs."""
+    base = _causal_lm(model)
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in MODEL_TYPES:
+        return False
+    layer_types = getattr(config, "layer_types", None) or ()
+    if getattr(config, "use_sliding_window", False) or set(layer_types) - {"full_attention"}:
+        return False
+    inner = getattr(base, "model", None)
+    return all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence being decoded: its prefix view, its slot and what its KV covers."""
+
+    ids: list[int]  # every id whose KV is cached (prefix view, then own slot), in order
+    entry: PrefixEntry | None = None
+    n_prefix: int = 0
+    slot: int = -1
+
+    @property
+    def own_length(self) -> int:
+        return len(self.ids) - self.n_prefix
+
+
+class DecoderEngine:
+    """Prefill and decode over row slots (see the module docstring). Not thread-safe."""
+
+    def __init__(self, model: Any, *, max_rows: int, prefill_chunk: int = 512):
+        if max_rows < 1 or prefill_chunk < 1:
+            raise ValueError(f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}")
+        self.model = model
+        self.base = _causal_lm(model)
+        config = self.base.config
+        self.layers = list(self.base.model.layers)
+        self.kv_heads = config.num_key_value_heads
+        self.heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.groups = self.heads // self.kv_heads
+        self.scale = self.head_dim**-0.5
+        self.max_rows = max_rows
+        self.prefill_chunk = prefill_chunk
+        self.rows: list[Row] = []
+        weight = self.base.model.embed_tokens.weight
+        shape = (len(self.layers), 2, max_rows, self.kv_heads, 0, self.head_dim)
+        self.own = weight.new_zeros(shape, dtype=torch.float32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the row slots (the active rows' own keys and values)."""
+        return self.own.numel() * self.own.element_size()
+
+    def add(self, row: Row, own: Tensor | None) -> None:
+        """Give `row` the next free slot, holding `own` (its cached KV past the prefix view)."""
+        if len(self.rows) >= self.max_rows:
+            raise RuntimeError(f"all {self.max_rows} row slots are taken")
+        row.slot = len(self.rows)
+        self.rows.append(row)
+        if own is not None and own.shape[3]:
+            self._reserve(own.shape[3])
+            self.own[:, :, row.slot, :, : own.shape[3]] = own
+
+    def remove(self, row: Row) -> Tensor:
+        """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim)."""
+        own = self.own_kv(row).clone()
+        last = self.rows.pop()
+        if last is not row:
+            n = last.own_length
+            self.own[:, :, row.slot, :, :n] = self.own[:, :, last.slot, :, :n]
+            last.slot = row.slot
+            self.rows[row.slot] = last
+        row.slot = -1
+        return own
+
+    def own_kv(self, row: Row) -> Tensor:
+        """A view of `row`'s own KV."""
+        return self.own[:, :, row.slot, :, : row.own_length]
+
+    def prefill(self, row: Row, new_ids: list[int]) -> Tensor:
+        """Run `new_ids` after what `row` covers (in chunks); (vocab,) float logits of the last."""
+        hidden = None
+        for start in range(0, len(new_ids), self.prefill_chunk):
+            hidden = self._prefill_chunk(row, new_ids[start : start + self.prefill_chunk])
+        assert hidden is not None, "prefill needs at least one new id"
+        return self.base.lm_head(hidden[:, -1]).float()[0]
+
+    def decode(self, rows: list[Row], tokens: list[int]) -> Tensor:
+        """Feed one token to each of `rows` (slots 0..B-1, in order); (B, vocab) float logits."""
+        assert [row.slot for row in rows] == list(range(len(rows))), "rows must fill slots 0..B-1"
+        device = self.own.device
+        lengths = torch.tensor([row.own_length for row in rows], device=device)
+        positions = torch.tensor([len(row.ids) for row in rows], device=device)[:, None]
+        self._reserve(int(lengths.max()) + 1)
+        x = self.base.model.embed_tokens(torch.tensor(tokens, device=device)[:, None])
+        rotary = self.base.model.rotary_emb(x, positions)
+        slots = torch.arange(len(rows), device=device)
+        own_mask = torch.arange(int(lengths.max()) + 1, device=device)[None] > lengths[:, None]
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
+            keys, values = self.own[index, 0], self.own[index, 1]
+            keys[slots, :, lengths] = k[:, :, 0]
+            values[slots, :, lengths] = v[:, :, 0]
+            width = own_mask.shape[1]
+            keys, values = keys[: len(rows), :, :width], values[: len(rows), :, :width]
+            attended = self._decode_attention(index, rows, q, keys, values, own_mask)
+            x = self._finish_layer(layer, x, attended)
+        for row, token in zip(rows, tokens, strict=True):
+            row.ids.append(token)
+        return self.base.lm_head(self.base.model.norm(x)[:, -1]).float()
+
+    def _prefill_chunk(self, row: Row, new_ids: list[int]) -> Tensor:
+        device = self.own.device
+        start, count = row.own_length, len(new_ids)
+        self._reserve(start + count)
+        positions = torch.arange(len(row.ids), len(row.ids) + count, device=device)[None]
+        x = self.base.model.embed_tokens(torch.tensor([new_ids], device=device))
+        rotary = self.base.model.rotary_emb(x, positions)
+        total = row.n_prefix + start + count
+        # (count, total): query i sees every key up to its own position
+        allowed = torch.arange(total, device=device)[None] <= positions[0, :, None]
+        for index, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, rotary)
+            self.own[index, 0, row.slot, :, start : start + count] = k[0]
+            self.own[index, 1, row.slot, :, start : start + count] = v[0]
+            keys = self.own[index, 0, row.slot, :, : start + count]
+            values = self.own[index, 1, row.slot, :, : start + count]
+            if row.entry is not None and row.n_prefix:
+                keys = torch.cat([row.entry.kv[index, 0, :, : row.n_prefix], keys], dim=1)
+                values = torch.cat([row.entry.kv[index, 1, :, : row.n_prefix], values], dim=1)
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                q, keys[None], values[None], attn_mask=allowed, scale=self.scale, enable_gqa=True
+            )
+            x = self._finish_layer(layer, x, attended)
+        row.ids.extend(new_ids)
+        return self.base.model.norm(x)
+
+    def _qkv(self, layer: Any, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+        """Projections of the normed input, per head, rotary applied: (B, heads, T, head_dim)."""
+        attn, h = layer.self_attn, layer.input_layernorm(x)
+        batch, steps = x.shape[:2]
+        q = attn.q_proj(h).view(batch, steps, -1, self.head_dim)
+        k = attn.k_proj(h).view(batch, steps, -1, self.head_dim)
+        v = attn.v_proj(h).view(batch, steps, -1, self.head_dim)
+        if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = (part[:, None] for part in rotary)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return q.float(), k.float(), v.float()  # attention in float32 (see the module docstring)
+
+    def _finish_layer(self, layer: Any, x: Tensor, attended: Tensor) -> Tensor:
+        """Output projection, residual, MLP, residual. attended: (B, heads, T, head_dim)."""
+        batch, steps = x.shape[:2]
+        merged = attended.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
+        merged = merged.to(x.dtype)
+        x = x + layer.self_attn.o_proj(merged)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _decode_attention(
+        self, index: int, rows: list[Row], q: Tensor, keys: Tensor, values: Tensor, own_mask: Tensor
+    ) -> Tensor:
+        """One query per row over its prefix view and its own slot, merged by log-sum-exp.
+
+        q: (B, heads, 1, head_dim); keys/values: (B, kv_heads, W, head_dim) own slots;
+        own_mask: (B, W), True past a row's length. Returns (B, heads, 1, head_dim).
+        """
+        batch = len(rows)
+        qg = q.view(batch, self.kv_heads, self.groups, self.head_dim)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale  # (B, kvh, G, W)
+        scores = scores.masked_fill(own_mask[:, None, None], float("-inf"))
+        top = scores.amax(-1, keepdim=True)
+        weights = torch.exp(scores - top)
+        total = weights.sum(-1, keepdim=True)
+        out = torch.matmul(weights, values)  # (B, kvh, G, D), unnormalised
+        for entry, members in _by_entry(rows).items():
+            p_top, p_total, p_out = self._prefix_part(index, entry, [rows[i] for i in members], qg)
+            at = torch.tensor(members, device=q.device)
+            m = torch.maximum(top[at], p_top)
+            a, b = torch.exp(top[at] - m), torch.exp(p_top - m)
+            out[at] = a * out[at] + b * p_out
+            total[at] = a * total[at] + b * p_total
+            top[at] = m
+        return (out / total).reshape(batch, self.heads, 1, self.head_dim)
+
+    def _prefix_part(
+        self, index: int, entry: PrefixEntry, rows: list[Row], qg: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Attention partials over one entry's keys for the rows that view it (read once)."""
+        members = torch.tensor([row.slot for row in rows], device=qg.device)
+        width = max(row.n_prefix for row in rows)
+        keys, values = entry.kv[index, 0, :, :width], entry.kv[index, 1, :, :width]  # (kvh, P, D)
+        q = qg[members].permute(1, 0, 2, 3).reshape(self.kv_heads, -1, self.head_dim)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (kvh, b*G, P)
+        scores = scores.view(self.kv_heads, len(rows), self.groups, width).permute(1, 0, 2, 3)
+        limits = torch.tensor([row.n_prefix for row in rows], device=qg.device)
+        past = torch.arange(width, device=qg.device)[None] >= limits[:, None]  # (b, P)
+        scores = scores.masked_fill(past[:, None, None], float("-inf"))
+        top = scores.amax(-1, keepdim=True)
+        weights = torch.exp(scores - top)  # (b, kvh, G, P)
+        flat = weights.permute(1, 0, 2, 3).reshape(self.kv_heads, -1, width)
+        out = torch.matmul(flat, values).view(self.kv_heads, len(rows), self.groups, -1)
+        return top, weights.sum(-1, keepdim=True), out.permute(1, 0, 2, 3)
+
+    def _reserve(self, length: int) -> None:
+        """Grow the slots' token capacity to at least `length` (doubling, copying once)."""
+        capacity = self.own.shape[4]
+        if length <= capacity:
+            return
+        shape = list(self.own.shape)
+        shape[4] = max(length, 2 * capacity, 64)
+        grown = self.own.new_zeros(shape)
+        grown[..., :capacity, :] = self.own
+        self.own = grown
+
+
+def _by_entry(rows: list[Row]) -> dict[PrefixEntry, list[int]]:
+    """Indices of the rows viewing each prefix entry."""
+    groups: dict[PrefixEntry, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.entry is not None and row.n_prefix:
+            groups.setdefault(row.entry, []).append(i)
+    return groups
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _causal_lm(model: Any) -> Any:
+    """The transformers model under a peft wrapper (peft's layers stay in place inside it)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model

@@ -1,0 +1,221 @@
+"""KV reuse and continuous batching in the `hf` generator (`loop/generators/{kvcache,engine}.py`).
+
+The reference is the static path (`kv_reuse=False`: the plain transformers forward, one static
+batch, no reuse): under the same seeds the engine must sample the same tokens with the same
+log-probs, however requests join and leave, whatever it reuses. Stale keys must never be used
+after a weight change, and the store must stay within its byte budget.
+
+Run: python -m pytest tests/loop/test_kv_reuse.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from loop.generators.base import Generation, SamplingParams
+from loop.generators.engine import DecoderEngine, Row, supports
+from loop.generators.hf import HFGenerator
+from loop.generators.kvcache import KVStore, common_prefix_length
+from loop.policy import LoraSettings, Policy, load_policy
+from tests.loop.conftest import TINY_VOCAB
+
+SHARED = list(range(10, 50))  # a "system prompt" every request starts with
+
+
+def task_prompts(count: int, seed: int = 0) -> list[list[int]]:
+    """The shared prefix, then a different 'instruction' of 2, 4, 6, ... ids per prompt."""
+    rng = torch.Generator().manual_seed(seed)
+    return [
+        SHARED + torch.randint(3, TINY_VOCAB, (2 + 2 * i,), generator=rng).tolist()
+        for i in range(count)
+    ]
+
+
+def sampled(seed: int, max_new_tokens: int = 8) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+
+
+def assert_same(got: Generation, want: Generation, tolerance: float = 1e-4) -> None:
+    assert got.token_ids == want.token_ids
+    assert got.finish_reason == want.finish_reason
+    gap = max(abs(a - b) for a, b in zip(got.logprobs or [], want.logprobs or [], strict=True))
+    assert gap < tolerance, f"log-prob gap {gap:.2e}"
+
+
+async def reference(policy: Policy, prompt: list[int], params: SamplingParams) -> Generation:
+    generator = HFGenerator(policy, kv_reuse=False)
+    try:
+        return await generator.generate(prompt, params)
+    finally:
+        await generator.close()
+
+
+def test_the_engine_runs_llama_and_refuses_other_layouts(tiny_policy: Policy) -> None:
+    assert supports(tiny_policy.model)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    assert not supports(gpt2)
+    assert HFGenerator(Policy(gpt2, tiny_policy.tokenizer), max_batch_size=2).engine is None
+
+
+async def test_continuous_batching_equals_unbatched_reference(tiny_policy: Policy) -> None:
+    """7 requests through 3 row slots, ending at different lengths: rows leave and join
+    mid-flight, shared prefixes are reused, and every result equals the static path alone."""
+    prompts = task_prompts(7)
+    params = [sampled(seed, max_new_tokens=3 + seed) for seed in range(7)]
+    generator = HFGenerator(tiny_policy, max_batch_size=3)
+    together = await asyncio.gather(
+        *(generator.generate(p, q) for p, q in zip(prompts, params, strict=True))
+    )
+    for prompt, param, got in zip(prompts, params, together, strict=True):
+        assert_same(got, await reference(tiny_policy, prompt, param))
+    assert generator.cache.stats.prefix_hits >= 5  # later prompts viewed an earlier one's prefix
+    await generator.close()
+
+
+async def test_a_rollouts_next_turn_prefills_only_the_new_tokens(tiny_policy: Policy) -> None:
+    generator = HFGenerator(tiny_policy)
+    first = task_prompts(1)[0]
+    turn1 = await generator.generate(first, sampled(1))
+    second = first + turn1.token_ids + [7, 8, 9, 10]  # glue and an observation
+    prefilled_before = generator.cache.stats.prefill_tokens
+    turn2 = await generator.generate(second, sampled(2))
+    assert generator.cache.stats.retained_hits == 1
+    # the last sampled id was never fed, so it is prefilled with the 4 new ones
+    assert generator.cache.stats.prefill_tokens - prefilled_before == 5
+    assert_same(turn2, await reference(tiny_policy, second, sampled(2)))
+    await generator.close()
+
+
+async def test_the_k_rollouts_of_a_task_share_the_whole_prompt(tiny_policy: Policy) -> None:
+    generator, prompt = HFGenerator(tiny_policy), task_prompts(1)[0]
+    results = await asyncio.gather(*(generator.generate(prompt, sampled(s)) for s in range(4)))
+    stats = generator.cache.stats
+    assert stats.prefill_tokens == len(prompt) + 3  # the first whole, the others one id each
+    for seed, got in enumerate(results):
+        assert_same(got, await reference(tiny_policy, prompt, sampled(seed)))
+    await generator.close()
+
+
+@pytest.mark.parametrize("change", ["optimizer_step", "load_adapter"])
+async def test_a_weight_change_never_samples_from_stale_keys(tmp_path, tiny_model_dir, change):
+    """After the weights change, a prompt whose prefix (and previous turn) is cached gives what
+    the new weights give from scratch. Without the invalidation it would attend to keys of the
+    old weights and its log-probs would be far off."""
+    lora = LoraSettings(rank=4, alpha=8)
+    policy = load_policy(str(tiny_model_dir), lora=lora)
+    generator = HFGenerator(policy)
+    first = task_prompts(1)[0]
+    turn1 = await generator.generate(first, sampled(1))
+    lora_params = [p for name, p in policy.model.named_parameters() if "lora_" in name]
+    if change == "optimizer_step":
+        for p in lora_params:
+            p.grad = torch.ones_like(p)
+        torch.optim.SGD(lora_params, lr=0.5).step()
+    else:
+        trained = load_policy(str(tiny_model_dir), lora=lora)
+        with torch.no_grad():
+            for p in trained.model.parameters():
+                if p.requires_grad:
+                    p.add_(0.5)
+        trained.model.save_pretrained(tmp_path)
+        generator.load_adapter(tmp_path)
+    second = first + turn1.token_ids + [7, 8]
+    turn2 = await generator.generate(second, sampled(2))
+    assert generator.cache.stats.invalidations == 1
+    assert_same(turn2, await reference(policy, second, sampled(2)))
+    await generator.close()
+
+
+async def test_weights_changed_mid_generation_recompute_the_active_rows(tiny_policy) -> None:
+    """Rows still decoding when the weights change continue under the new weights."""
+    model, seen = tiny_policy.model, []
+
+    def change_weights_once(_module, args):
+        if args[0].shape[1] == 1 and not seen:  # the first decode step
+            seen.append(True)
+            with torch.no_grad():
+                model.model.layers[0].mlp.down_proj.weight.mul_(-1.0)
+
+    handle = model.model.embed_tokens.register_forward_pre_hook(change_weights_once)
+    generator = HFGenerator(tiny_policy)
+    prompt = task_prompts(1)[0]
+    got = await generator.generate(prompt, SamplingParams(max_new_tokens=6, temperature=0))
+    handle.remove()
+    # tokens 3..6 were sampled from the new weights with the whole sequence recomputed
+    prefix = prompt + got.token_ids[:2]
+    rest = await reference(tiny_policy, prefix, SamplingParams(max_new_tokens=4, temperature=0))
+    assert got.token_ids[2:] == rest.token_ids
+    assert max(abs(a - b) for a, b in zip(got.logprobs[2:], rest.logprobs, strict=True)) < 1e-4
+    await generator.close()
+
+
+async def test_the_store_stays_within_its_budget(tiny_policy: Policy) -> None:
+    per_token = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv_heads x head_dim x float32 bytes
+    generator = HFGenerator(tiny_policy, kv_cache_mb=100 * per_token / 2**20)  # 100 tokens
+    for seed in range(6):  # six different 40-50-token prompts, then their next turns
+        prompt = task_prompts(1, seed=seed)[0]
+        prompt[0] = 100 + seed  # nothing shared
+        turn = await generator.generate(prompt, sampled(seed))
+        assert generator.cache.nbytes <= generator.cache.budget_bytes
+        await generator.generate(prompt + turn.token_ids + [5], sampled(seed))
+        assert generator.cache.nbytes <= generator.cache.budget_bytes
+    assert generator.cache.stats.evictions > 0
+    assert generator.cache.stats.peak_bytes <= generator.cache.budget_bytes
+    await generator.close()
+
+
+def kv(tokens: int) -> torch.Tensor:
+    return torch.zeros(1, 2, 1, tokens, 1)  # 8 bytes per token
+
+
+def test_store_match_takes_the_longest_cover_but_never_the_whole_prompt() -> None:
+    store = KVStore(budget_bytes=10_000)
+    store.add_entry([1, 2, 3, 4], kv(4))
+    store.add_entry([1, 2, 9], kv(3))
+    match = store.match([1, 2, 3, 4])
+    assert (match.n_prefix, match.own, match.from_retained) == (3, None, False)
+    entry = store.entries[0]
+    store.retain([1, 2, 3, 4, 5, 6], entry, 4, kv(2))
+    match = store.match([1, 2, 3, 4, 5, 6, 7])
+    assert match.from_retained and match.reused == 6 and match.entry is entry
+    assert store.retained == []  # a rollout's cache continues in one request only
+    assert store.match([7, 8]).reused == 0
+
+
+def test_store_evicts_least_recently_used_and_entries_take_their_retained() -> None:
+    store = KVStore(budget_bytes=8 * 10)  # room for 10 tokens
+    a = store.add_entry([1, 2, 3], kv(3))
+    b = store.add_entry([4, 5, 6], kv(3))
+    store.retain([1, 2, 3, 7], a, 3, kv(1))
+    store.match([4, 5, 6, 8])  # b used last
+    store.add_entry([9, 9, 9], kv(3))  # 10 tokens held: a, its retained, b, the new one
+    assert store.nbytes == 80
+    store.add_entry([8, 8], kv(2))  # over budget: a (oldest) goes, with its retained cache
+    assert a not in store.entries and b in store.entries and store.retained == []
+    assert store.nbytes <= store.budget_bytes and store.stats.evictions == 1
+    assert store.add_entry(list(range(20)), kv(20)) is None  # larger than the whole budget
+
+
+def test_common_prefix_length_compares_in_blocks() -> None:
+    long = list(range(1000))
+    assert common_prefix_length(long, [*long[:700], -1]) == 700
+    assert common_prefix_length(long, long[:300]) == 300
+    assert common_prefix_length([], long) == 0
+
+
+def test_engine_rows_fill_slots_in_order(tiny_policy: Policy) -> None:
+    engine = DecoderEngine(tiny_policy.model, max_rows=3)
+    rows = [Row(ids=[]) for _ in range(3)]
+    with torch.no_grad():
+        for i, row in enumerate(rows):
+            engine.add(row, None)
+            engine.prefill(row, [5 + i] * (i + 2))
+        kept = engine.own_kv(rows[2]).clone()
+        engine.remove(rows[0])
+    assert [row.slot for row in engine.rows] == [0, 1] and rows[2].slot == 0
+    assert torch.equal(engine.own_kv(rows[2]), kept)  # moved into the freed slot intact
