@@ -118,7 +118,7 @@ def main() -> None:
         if name == "hf":
             generator: Generator = HFGenerator(load_policy(path), max_batch_size=args.rollouts)
         else:
-            generator = VLLMGenerator(path, max_model_len=8192, enable_prefix_caching=True)
+            generator = VLLMGenerator(path, max_model_len=8192)
         try:
             results[name] = asyncio.run(measure(generator, prefixes, args.new_tokens))
         finally:

@@ -114,7 +114,7 @@ def make_generator(name: str, path: str, rows: int) -> Generator:
     if name == "vllm":
         from loop.generators.vllm import VLLMGenerator
 
-        return VLLMGenerator(path, max_model_len=16_384, enable_prefix_caching=True)
+        return VLLMGenerator(path, max_model_len=16_384)
     dtype = "bfloat16" if name.endswith("bf16") else "float32"
     policy = load_policy(path, dtype=dtype, lora=LoraSettings(rank=16, alpha=32))
     return HFGenerator(policy, max_batch_size=rows, kv_reuse=name != "old")
@@ -194,8 +194,12 @@ def main() -> None:
     parser.add_argument("--old-max-turns", type=int, default=2, help="the old path is slow")
     parser.add_argument("--big-rollouts", type=int, default=32, help="0: skip")
     parser.add_argument("--learner", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -184,18 +184,27 @@ class HFGenerator:
             while not self._closed:
                 if self.engine is None:
                     self._serve_static(self._take(self.max_batch_size, block=True))
-                else:
-                    room, idle = self.max_batch_size - len(self._active), not self._active
-                    self._serve_continuous(self._take(room, block=idle))
+                    continue
+                room, idle = self.max_batch_size - len(self._active), not self._active
+                joining = self._take(room, block=idle)
+                try:
+                    self._serve_continuous(joining)
+                except Exception as exc:  # a fault of ours: fail what is in flight, keep serving
+                    self._fail_in_flight(joining, f"hf generation failed: {_one_line(exc)}")
         finally:
-            closed = GeneratorError("hf generator closed")
-            for active in self._active:
-                _deliver(active.request, closed)
-            self._active = []
+            queued = []
             while not self._inbox.empty():
-                request = self._inbox.get_nowait()
-                if request is not None:
-                    _deliver(request, closed)
+                queued.append(self._inbox.get_nowait())
+            self._fail_in_flight([r for r in queued if r is not None], "hf generator closed")
+
+    def _fail_in_flight(self, requests: list[_Request], message: str) -> None:
+        """`requests` and every active row get a `GeneratorError`; all row slots are freed."""
+        error = GeneratorError(message)
+        for request in [*requests, *(active.request for active in self._active)]:
+            _deliver(request, error)
+        self._active = []
+        if self.engine is not None:
+            self.engine.rows.clear()
 
     def _take(self, limit: int, block: bool) -> list[_Request]:
         """Up to `limit` queued requests: waiting for the first when `block`, and on the static

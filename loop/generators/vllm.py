@@ -82,6 +82,8 @@ class VLLMGenerator:
             "max_lora_rank": max_lora_rank,
             "seed": seed,
             "enforce_eager": enforce_eager,
+            # rollouts share the system prompt and extend their own previous turn: both reused
+            "enable_prefix_caching": True,
             "logprobs_mode": "processed_logprobs",  # log q(token) after temperature and top-p
             "max_logprobs": 1,  # we only ever ask for the sampled token's log-prob
             "generation_config": "vllm",  # no sampling defaults from generation_config.json

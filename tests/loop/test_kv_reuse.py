@@ -15,7 +15,7 @@ import asyncio
 import pytest
 import torch
 
-from loop.generators.base import Generation, SamplingParams
+from loop.generators.base import Generation, GeneratorError, SamplingParams
 from loop.generators.engine import DecoderEngine, Row, supports
 from loop.generators.hf import HFGenerator
 from loop.generators.kvcache import KVStore, common_prefix_length
@@ -219,3 +219,24 @@ def test_engine_rows_fill_slots_in_order(tiny_policy: Policy) -> None:
         engine.remove(rows[0])
     assert [row.slot for row in engine.rows] == [0, 1] and rows[2].slot == 0
     assert torch.equal(engine.own_kv(rows[2]), kept)  # moved into the freed slot intact
+
+
+async def test_a_fault_of_the_scheduler_fails_the_rows_in_flight_and_serving_goes_on(
+    tiny_policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generator, prompt = HFGenerator(tiny_policy), task_prompts(1)[0]
+    real_match = generator.cache.match
+
+    def broken(_prompt: list[int]) -> None:
+        monkeypatch.setattr(generator.cache, "match", real_match)  # fails once
+        raise KeyError("boom")
+
+    monkeypatch.setattr(generator.cache, "match", broken)
+    with pytest.raises(GeneratorError, match="KeyError"):
+        await generator.generate(prompt, sampled(0))
+    assert generator.engine is not None and generator.engine.rows == []
+    assert_same(
+        await generator.generate(prompt, sampled(0)),
+        await reference(tiny_policy, prompt, sampled(0)),
+    )
+    await generator.close()
