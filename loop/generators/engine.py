@@ -115,13 +115,28 @@ class DecoderEngine:
         """A view of `row`'s own KV."""
         return self.own[:, :, row.slot, :, : row.own_length]
 
-    def prefill(self, row: Row, new_ids: list[int]) -> Tensor:
-        """Run `new_ids` after what `row` covers (in chunks); (vocab,) float logits of the last."""
+    def prefill(self, row: Row, new_ids: list[int], store: Tensor | None = None) -> Tensor:
+        """Run `new_ids` after what `row` covers (in chunks); (vocab,) float logits of the last.
+
+        The new keys and values go to `row`'s slot, or into `store` (layers, 2, kv_heads, n,
+        head_dim) for a row without a slot and without own KV yet, such as a prompt about to
+        become a prefix entry: the slots then never grow to a whole prompt's length.
+        """
         hidden = None
         for start in range(0, len(new_ids), self.prefill_chunk):
-            hidden = self._prefill_chunk(row, new_ids[start : start + self.prefill_chunk])
+            chunk = new_ids[start : start + self.prefill_chunk]
+            if store is None:
+                self._reserve(row.own_length + len(chunk))
+            hidden = self._prefill_chunk(
+                row, chunk, self.own[:, :, row.slot] if store is None else store
+            )
         assert hidden is not None, "prefill needs at least one new id"
         return self.base.lm_head(hidden[:, -1]).float()[0]
+
+    def new_store(self, tokens: int) -> Tensor:
+        """Empty keys and values for `tokens` tokens, outside the slots (see `prefill`)."""
+        shape = (len(self.layers), 2, self.kv_heads, tokens, self.head_dim)
+        return self.own.new_empty(shape)
 
     def decode(self, rows: list[Row], tokens: list[int]) -> Tensor:
         """Feed one token to each of `rows` (slots 0..B-1, in order); (B, vocab) float logits."""
@@ -147,10 +162,10 @@ class DecoderEngine:
             row.ids.append(token)
         return self.base.lm_head(self.base.model.norm(x)[:, -1]).float()
 
-    def _prefill_chunk(self, row: Row, new_ids: list[int]) -> Tensor:
+    def _prefill_chunk(self, row: Row, new_ids: list[int], store: Tensor) -> Tensor:
+        """store: (layers, 2, kv_heads, capacity, head_dim), row's own KV from position 0."""
         device = self.own.device
         start, count = row.own_length, len(new_ids)
-        self._reserve(start + count)
         positions = torch.arange(len(row.ids), len(row.ids) + count, device=device)[None]
         x = self.base.model.embed_tokens(torch.tensor([new_ids], device=device))
         rotary = self.base.model.rotary_emb(x, positions)
@@ -159,10 +174,9 @@ class DecoderEngine:
         allowed = torch.arange(total, device=device)[None] <= positions[0, :, None]
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, rotary)
-            self.own[index, 0, row.slot, :, start : start + count] = k[0]
-            self.own[index, 1, row.slot, :, start : start + count] = v[0]
-            keys = self.own[index, 0, row.slot, :, : start + count]
-            values = self.own[index, 1, row.slot, :, : start + count]
+            store[index, 0, :, start : start + count] = k[0]
+            store[index, 1, :, start : start + count] = v[0]
+            keys, values = store[index, 0, :, : start + count], store[index, 1, :, : start + count]
             if row.entry is not None and row.n_prefix:
                 keys = torch.cat([row.entry.kv[index, 0, :, : row.n_prefix], keys], dim=1)
                 values = torch.cat([row.entry.kv[index, 1, :, : row.n_prefix], values], dim=1)

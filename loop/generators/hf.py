@@ -109,6 +109,7 @@ class HFGenerator:
         self._model_lock = threading.Lock()  # one user of the weights at a time (load_adapter)
         self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._active: list[_Active] = []
+        self._outbox: list[tuple[_Request, Generation | Exception]] = []  # delivered after a step
         self._fingerprint: tuple[tuple[int, int], ...] | None = None
         self._worker: threading.Thread | None = None
         self._closed = False
@@ -229,16 +230,22 @@ class HFGenerator:
         return taken
 
     def _serve_continuous(self, joining: list[_Request]) -> None:
-        """Admit `joining`, then one decode step for every active row."""
+        """Admit `joining`, then one decode step for every active row. Results are delivered
+        once the model is back in its own mode (a caller may train it as soon as it has them)."""
         assert self.engine is not None
-        with self._model_lock, _sampling_mode(self.policy.model):
-            self._sync_weights()
-            for request in joining:
-                self._admit(request)
-            for active in [a for a in self._active if a.request.future.done()]:  # cancelled
-                self._leave(active, retain=False)
-            if self._active:
-                self._decode_step()
+        try:
+            with self._model_lock, _sampling_mode(self.policy.model):
+                self._sync_weights()
+                for request in joining:
+                    self._admit(request)
+                for active in [a for a in self._active if a.request.future.done()]:  # cancelled
+                    self._leave(active, retain=False)
+                if self._active:
+                    self._decode_step()
+        finally:
+            outbox, self._outbox = self._outbox, []
+            for request, outcome in outbox:
+                _deliver(request, outcome)
 
     def _sync_weights(self) -> None:
         """Drop every cached key of old weights; recompute the active rows' caches."""
@@ -255,37 +262,47 @@ class HFGenerator:
         self._fingerprint = fingerprint
 
     def _admit(self, request: _Request) -> None:
-        """Give a request a row: reuse what the store has, prefill the rest, sample a token."""
+        """Give a request a row: reuse what the store has, prefill the rest, sample a token.
+
+        A prompt that extends no retained cache (a rollout's first turn) becomes a prefix entry,
+        so later prompts can view it; it is prefilled outside the row slots.
+        """
         assert self.engine is not None
         prompt = request.prompt_token_ids
         match = self.cache.match(prompt)
         row = Row(ids=prompt[: match.reused], entry=match.entry, n_prefix=match.n_prefix)
         active = _Active(request, row, _rng(request.params.seed, self.policy.device))
-        self.engine.add(row, match.own)
-        self._active.append(active)
+        shared = not match.from_retained and match.reused < len(prompt) - 1
         try:
-            logits = self.engine.prefill(row, prompt[match.reused :])
+            if shared:
+                store = self.engine.new_store(len(prompt) - match.reused)
+                logits = self.engine.prefill(row, prompt[match.reused :], store=store)
+                self.engine.add(row, self._share_prompt(row, store))
+            else:
+                self.engine.add(row, match.own)
+                logits = self.engine.prefill(row, prompt[match.reused :])
         except Exception as exc:
-            self._leave(active, retain=False)
-            _deliver(request, GeneratorError(f"hf generation failed: {_one_line(exc)}"))
+            if row.slot >= 0:
+                self.engine.remove(row)
+            self._outbox.append(
+                (request, GeneratorError(f"hf generation failed: {_one_line(exc)}"))
+            )
             return
+        self._active.append(active)
         self.batches_run += 1
-        if not match.from_retained and match.reused < len(prompt) - 1:
-            self._share_prompt(row)
         self._pick([active], logits[None])
 
-    def _share_prompt(self, row: Row) -> None:
-        """Keep `row`'s whole prompt as a prefix entry and let the row view it."""
-        assert self.engine is not None
-        own = self.engine.own_kv(row)
+    def _share_prompt(self, row: Row, own: Tensor) -> Tensor | None:
+        """Keep `row`'s whole prompt as a prefix entry viewed by the row (its own KV then
+        empty); `own` stays the row's if the entry does not fit the store's budget."""
         kv = (
-            own.clone()
-            if row.entry is None
-            else torch.cat([row.entry.kv[:, :, :, : row.n_prefix], own], dim=3)
+            own if row.entry is None else torch.cat([row.entry.kv[:, :, :, : row.n_prefix], own], 3)
         )
         entry = self.cache.add_entry(row.ids, kv)
-        if entry is not None:
-            row.entry, row.n_prefix = entry, len(row.ids)
+        if entry is None:
+            return own
+        row.entry, row.n_prefix = entry, len(row.ids)
+        return None
 
     def _decode_step(self) -> None:
         assert self.engine is not None
@@ -297,7 +314,7 @@ class HFGenerator:
             error = GeneratorError(f"hf generation failed: {_one_line(exc)}")
             for active in list(self._active):
                 self._leave(active, retain=False)
-                _deliver(active.request, error)
+                self._outbox.append((active.request, error))
             return
         self.batches_run += 1
         self._pick(list(self._active), logits)
@@ -319,7 +336,8 @@ class HFGenerator:
             self._leave(active, retain=True)
             self.requests_served += 1
             self.tokens_generated += len(active.sampled)
-            _deliver(active.request, Generation(active.sampled, active.logprobs, reason))
+            result = Generation(active.sampled, active.logprobs, reason)
+            self._outbox.append((active.request, result))
 
     def _leave(self, active: _Active, *, retain: bool) -> None:
         """Free the row's slot; keep its cache for the rollout's next turn if `retain`."""
