@@ -50,6 +50,7 @@ from torch import Tensor
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
 from loop.generators.engine import DecoderEngine, Row, supports
 from loop.generators.kvcache import KVStore
+from loop.generators.sampling import pick_tokens, sample_batch, seeded_rng
 from loop.policy import Policy
 
 
@@ -271,7 +272,7 @@ class HFGenerator:
         prompt = request.prompt_token_ids
         match = self.cache.match(prompt)
         row = Row(ids=prompt[: match.reused], entry=match.entry, n_prefix=match.n_prefix)
-        active = _Active(request, row, _rng(request.params.seed, self.policy.device))
+        active = _Active(request, row, seeded_rng(request.params.seed, self.policy.device))
         shared = not match.from_retained and match.reused < len(prompt) - 1
         try:
             if shared:
@@ -322,7 +323,7 @@ class HFGenerator:
     def _pick(self, actives: list[_Active], logits: Tensor) -> None:
         """Sample each row's next token; finished rows leave and get their result."""
         finish: list[FinishReason | None] = [None for _ in actives]
-        _pick_tokens(
+        pick_tokens(
             logits,
             [a.request.params for a in actives],
             [a.rng for a in actives],
@@ -379,112 +380,6 @@ class HFGenerator:
         return generations
 
 
-def sample_batch(
-    model: Any,
-    prompts: list[list[int]],
-    params: list[SamplingParams],
-    *,
-    pad_token_id: int,
-    device: torch.device,
-) -> list[Generation]:
-    """Sample a continuation of each prompt; rows are independent (left padding is masked).
-
-    One prefill over the (B, L) left-padded prompts (logits of the last position only), then
-    one (B, 1) decode step per token with the KV cache. Call under `torch.no_grad()` in eval
-    mode. Rows that are done keep decoding (their tokens are dropped) until all are done.
-    """
-    input_ids, attention_mask = _left_pad(prompts, pad_token_id, device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    rngs = [_rng(p.seed, device) for p in params]
-    sampled: list[list[int]] = [[] for _ in prompts]
-    logprobs: list[list[float]] = [[] for _ in prompts]
-    finish: list[FinishReason | None] = [None for _ in prompts]
-    next_position = position_ids[:, -1:] + 1  # (B, 1)
-    while True:
-        tokens = _pick_tokens(out.logits[:, -1], params, rngs, sampled, logprobs, finish)
-        if all(reason is not None for reason in finish):
-            break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(prompts), 1)], 1)
-        out = model(
-            input_ids=tokens[:, None],
-            attention_mask=attention_mask,
-            position_ids=next_position,
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
-        next_position = next_position + 1
-    return [
-        Generation(token_ids=ids, logprobs=lps, finish_reason=reason or "length")
-        for ids, lps, reason in zip(sampled, logprobs, finish, strict=True)
-    ]
-
-
-def _left_pad(
-    prompts: list[list[int]], pad_token_id: int, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """(B, L) input ids and attention mask, each prompt right-aligned (L = longest prompt)."""
-    width = max(len(prompt) for prompt in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        attention_mask[row, width - len(prompt) :] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
-def _pick_tokens(
-    logits: Tensor,
-    params: list[SamplingParams],
-    rngs: list[torch.Generator | None],
-    sampled: list[list[int]],
-    logprobs: list[list[float]],
-    finish: list[FinishReason | None],
-) -> Tensor:
-    """logits: (B, V) of the next token. Samples each unfinished row, records token, log-prob
-    and finish reason in place; returns (B,) token ids to feed back (done rows repeat their
-    last token, whose outputs are ignored)."""
-    temperatures = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
-    row_logprobs = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)  # (B, V)
-    tokens = []
-    for row, p in enumerate(params):
-        if finish[row] is not None:
-            tokens.append(sampled[row][-1])
-            continue
-        dist = _top_p(row_logprobs[row], p.top_p) if p.temperature > 0 else row_logprobs[row]
-        if p.temperature > 0:
-            token = int(torch.multinomial(dist.exp(), 1, generator=rngs[row]))
-        else:
-            token = int(dist.argmax())
-        sampled[row].append(token)
-        logprobs[row].append(float(dist[token]))
-        if token in p.stop_token_ids:
-            finish[row] = "stop"
-        elif len(sampled[row]) >= p.max_new_tokens:
-            finish[row] = "length"
-        tokens.append(token)
-    return torch.tensor(tokens, device=logits.device)
-
-
-def _top_p(logprobs: Tensor, top_p: float) -> Tensor:
-    """(V,) log-probs -> the nucleus distribution: the smallest set of most likely tokens whose
-    mass reaches top_p, renormalised; -inf elsewhere. top_p == 1 returns the input."""
-    if top_p >= 1.0:
-        return logprobs
-    sorted_logprobs, order = logprobs.sort(descending=True)
-    mass_before = sorted_logprobs.exp().cumsum(0) - sorted_logprobs.exp()
-    keep_sorted = mass_before < top_p  # the first token is always kept
-    kept = torch.full_like(logprobs, float("-inf"))
-    kept[order[keep_sorted]] = logprobs[order[keep_sorted]]
-    return kept - torch.logsumexp(kept, dim=0)
-
-
 @contextlib.contextmanager
 def _sampling_mode(model: Any) -> Iterator[None]:
     """Eval mode and no grad while sampling; each module's training flag restored after."""
@@ -496,10 +391,6 @@ def _sampling_mode(model: Any) -> Iterator[None]:
     finally:
         for module, training in flags:
             module.training = training
-
-
-def _rng(seed: int | None, device: torch.device) -> torch.Generator | None:
-    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
 def _pad_token_id(policy: Policy) -> int:
