@@ -240,3 +240,42 @@ async def test_a_fault_of_the_scheduler_fails_the_rows_in_flight_and_serving_goe
         await reference(tiny_policy, prompt, sampled(0)),
     )
     await generator.close()
+
+
+def tiny_model(model_type: str):
+    """A random 2-layer model of `model_type` (qwen2: q/k/v biases; qwen3: per-head q/k norms)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        initializer_range=0.5,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3"])
+async def test_the_engine_equals_the_reference_on_each_supported_layout(tiny_policy, model_type):
+    policy = Policy(tiny_model(model_type), tiny_policy.tokenizer)
+    assert supports(policy.model)
+    generator, prompts = HFGenerator(policy, max_batch_size=2), task_prompts(3)
+    first = await asyncio.gather(
+        *(generator.generate(p, sampled(i)) for i, p in enumerate(prompts))
+    )
+    for i, (prompt, got) in enumerate(zip(prompts, first, strict=True)):
+        assert_same(got, await reference(policy, prompt, sampled(i)))
+        following = prompt + got.token_ids + [7, 8]  # the next turn reuses this one's cache
+        assert_same(
+            await generator.generate(following, sampled(i)),
+            await reference(policy, following, sampled(i)),
+        )
+    assert generator.cache.stats.retained_hits == 3
+    await generator.close()
