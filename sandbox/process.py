@@ -179,6 +179,20 @@ def bridge_socket(directory: Path) -> Path:
     return chan / "bridge.sock"
 
 
+def remove_entry(path: Path) -> None:
+    """Delete one entry of a kernel-writable directory, whatever the kernel made it.
+
+    Agent code can leave directories, links or fifos among the channel files; a plain unlink
+    of a directory would raise, and the next kernel would fail to start for a reason the agent
+    caused.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def remove_directory(directory: Path) -> None:
     """Delete a sandbox directory (files the kernel made included)."""
     shutil.rmtree(directory, ignore_errors=True)
@@ -193,7 +207,7 @@ def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchP
         path.chmod(0o700)
     for stale in chan.iterdir():  # sockets of a previous kernel; the bridge's stays
         if stale.name != "bridge.sock":
-            stale.unlink()
+            remove_entry(stale)
     plan = LaunchPlan(
         uid=uid,
         home_dir=home,
