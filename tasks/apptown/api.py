@@ -87,7 +87,7 @@ class Context:
         self, sql: str, params: tuple[Any, ...], page_index: int, page_limit: int
     ) -> list[Any]:
         """One page of an ordered query (`sql` must end with its ORDER BY)."""
-        offset = page_index * page_limit
+        offset = min(page_index * page_limit, 2**63 - 1)  # past every row, within SQLite's int64
         return self.rows(f"{sql} LIMIT ? OFFSET ?", (*params, page_limit, offset))
 
     def one(self, sql: str, params: tuple[Any, ...], missing: str) -> Any:

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from sandbox import ApiError
 from tasks.apptown.api import AppError
 from tasks.apptown.server import AppServer
-from tasks.core import ApiCall, EnvironmentFailureError, SandboxLike, Task, TestReport
+from tasks.core import (
+    ApiCall,
+    EnvironmentFailureError,
+    SandboxLike,
+    Task,
+    TestReport,
+    recorded_arguments,
+)
 
 if TYPE_CHECKING:
     from tasks.apptown.suite import AppTownSuite
@@ -81,7 +88,14 @@ class AppTownEnv:
         self, app: str, api: str, kwargs: dict[str, Any], start: float, error: str | None
     ) -> None:
         self.api_calls.append(
-            ApiCall(app, api, dict(kwargs), error is None, error, time.perf_counter() - start)
+            ApiCall(
+                app,
+                api,
+                recorded_arguments(kwargs),  # bounded: agent code controls their size
+                error is None,
+                error,
+                time.perf_counter() - start,
+            )
         )
 
     def step(self, code: str) -> str:

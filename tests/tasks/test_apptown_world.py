@@ -185,3 +185,25 @@ def test_api_docs_are_generated_from_the_definitions(world: World) -> None:
     limit = next(p for p in doc["parameters"] if p["name"] == "page_limit")
     assert (limit["type"], limit["default"], limit["maximum"]) == ("integer", 5, MAX_PAGE_LIMIT)
     assert doc["response_schemas"]["success"][0]["relationships"] == ["string"]
+
+
+@pytest.mark.parametrize(
+    ("app", "api", "kwargs"),
+    [
+        ("music", "show_song", {"song_id": 2**70}),
+        ("payments", "send_money", {"receiver_email": "x@y.z", "amount": float("nan"),
+                                    "description": "nan"}),
+        ("phone", "search_contacts", {"query": "\ud800"}),
+        ("supervisor", "show_profile", {"extra": [[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]}),
+    ],
+    ids=["int-2**70", "nan-amount", "lone-surrogate", "deep-nesting"],
+)  # fmt: skip
+def test_extreme_arguments_are_422_never_an_internal_error(
+    world: World, app: str, api: str, kwargs: dict[str, Any]
+) -> None:
+    error = _error(_server(world), app, api, kwargs)
+    assert error.status == 422 and "Invalid arguments" in error.message, error
+
+
+def test_a_page_past_sqlites_range_is_empty_not_an_error(world: World) -> None:
+    assert _server(world).call("music", "show_playlists", {"page_index": 10**18}) == []
