@@ -207,3 +207,8 @@ def test_extreme_arguments_are_422_never_an_internal_error(
 
 def test_a_page_past_sqlites_range_is_empty_not_an_error(world: World) -> None:
     assert _server(world).call("music", "show_playlists", {"page_index": 10**18}) == []
+
+
+def test_a_string_too_long_for_sqlite_is_422(world: World) -> None:
+    error = _error(_server(world), "phone", "search_contacts", {"query": "x" * 900_000})
+    assert error.status == 422 and "at most 10000 characters" in error.message
