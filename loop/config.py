@@ -74,7 +74,7 @@ class AgentConfig:
     max_observation_tokens: int = 3000  # longer observations are cut with a notice
     temperature: float = 1.0
     top_p: float = 1.0
-    rollout_timeout_s: float = 3600.0  # wall time of one rollout (status "timeout")
+    rollout_timeout_s: float = 3600.0  # wall time of one rollout ("timeout" when its cells used it)
     worked_example: bool = True  # show the suite's worked example in the prompt (the paper does)
 
 
