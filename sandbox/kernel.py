@@ -202,6 +202,7 @@ class Sandbox:
             uid=self.uid,
             cgroup=self.cgroup,
             startup_timeout_s=self.startup_timeout_s,
+            max_output_chars=self.max_output_chars,
         )
 
     def _replace_kernel(self, reason: str) -> None:

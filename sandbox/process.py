@@ -81,9 +81,11 @@ class KernelProcess:
         uid: int | None,
         cgroup: Cgroup | None,
         startup_timeout_s: float,
+        max_output_chars: int = 20_000,
     ) -> KernelProcess:
-        """Launch a kernel in `directory` (its home/ is kept across restarts)."""
-        plan = _lay_out(directory, uid, cgroup)
+        """Launch a kernel in `directory` (its home/ is kept across restarts); it sends the host
+        at most `max_output_chars` characters of output per cell."""
+        plan = _lay_out(directory, uid, cgroup, max_output_chars)
         manager = _manager(plan, kernel_command(caps, limits, plan))
         log_path = directory / "kernel.log"
         try:
@@ -198,7 +200,9 @@ def remove_directory(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchPlan:
+def _lay_out(
+    directory: Path, uid: int | None, cgroup: Cgroup | None, max_output_chars: int
+) -> LaunchPlan:
     home, chan = directory / "home", directory / "chan"
     for path in (home, chan):
         path.mkdir(parents=True, exist_ok=True)
@@ -218,6 +222,7 @@ def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchP
     write_etc(plan)
     boot = BOOT_SOURCE.read_text().replace("__BRIDGE_SOCKET__", str(chan / "bridge.sock"), 1)
     boot = boot.replace("1 << 20  # replaced too", f"{MAX_REQUEST_BYTES}  # replaced too", 1)
+    boot = boot.replace("20_000  # replaced as well", f"{max_output_chars}  # replaced as well", 1)
     (chan / "boot.py").write_text(boot)
     (chan / "boot.py").chmod(0o444)
     return plan

@@ -9,6 +9,7 @@ Run: python -m pytest tests/sandbox/test_integrity.py     (needs root, bubblewra
 
 from __future__ import annotations
 
+import resource
 import time
 
 import pytest
@@ -45,3 +46,23 @@ def test_calls_from_threads_left_running_between_cells_are_refused(
     assert len(world.calls) - after_cell <= 1, len(world.calls) - after_cell  # one in flight
     result = sb.execute("'next'")
     assert "were refused" in result.output, result
+
+
+@pytest.mark.parametrize(
+    ("code", "produced"),
+    [
+        ("import sys\n_ = sys.stdout.write('x' * 200_000_000)", 200_000_000),
+        ("'x' * 200_000_000", 200_000_002 + 1),  # the repr with its quotes, then a newline
+    ],
+    ids=["stdout", "trailing-value"],
+)
+def test_a_huge_output_is_dropped_in_the_kernel_not_sent_to_the_host(
+    sb: Sandbox, code: str, produced: int
+) -> None:
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = sb.execute(code, timeout=60)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kb) / 1024
+    assert grown_mb < 50, f"the host's peak RSS grew by {grown_mb:.0f} MB"
+    kept = sb.max_output_chars
+    assert result.output[:kept].strip("'") == "x" * len(result.output[:kept].strip("'"))
+    assert f"[output truncated: {produced - kept} more characters not shown]" in result.output
