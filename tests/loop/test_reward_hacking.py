@@ -11,6 +11,7 @@ Run: python -m pytest tests/loop/test_reward_hacking.py     (needs root, bubblew
 from __future__ import annotations
 
 import asyncio
+import resource
 from collections.abc import Iterator
 from typing import Any
 
@@ -182,4 +183,29 @@ def test_huge_arguments_in_a_loop_are_recorded_bounded(
     traj = play(suite, pool, tokenizer, [login_cell("phone"), flood, COMPLETE])
     queries = [c["arguments"]["query"] for c in traj.api_calls if "query" in c["arguments"]]
     assert len(queries) == 20 and all(len(q) < 1000 for q in queries)
+    assert_scored(traj)
+
+
+def test_a_right_change_made_with_a_wrong_one_to_the_same_row_fails(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    cells = suite.gold_solution(suite.task(TASK))
+    tamper = (
+        'apis.phone.update_contact(contact_id=contact["contact_id"], first_name="Zed", '
+        "relationships=[])"
+    )
+    traj = play(suite, pool, tokenizer, [*cells[:-1], tamper, cells[-1]])
+    assert traj.status == "ok" and not traj.success and traj.reward == 0.5
+    assert_scored(traj)
+
+
+def test_a_huge_print_is_scored_and_leaves_host_memory_flat(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    flood = "import sys\n_ = sys.stdout.write('x' * 300_000_000)"
+    traj = play(suite, pool, tokenizer, [flood, COMPLETE])
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kb) / 1024
+    assert grown_mb < 100, f"the host's peak RSS grew by {grown_mb:.0f} MB"
+    assert traj.status == "ok"
     assert_scored(traj)
