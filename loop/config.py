@@ -127,6 +127,7 @@ class TrainConfig:
     max_seq_len: int = 32_000  # longer rollouts are truncated for learning (and counted)
     logprob_chunk_size: int = 1024  # positions per LM-head chunk in the log-prob computation
     logprob_diff_threshold: float | None = None  # abort if max |learner - sampler| exceeds it
+    max_infra_failure_share: float | None = 0.5  # abort if more of an iteration's rollouts fail
     stress_test: bool = True  # forward+backward of a max_seq_len rollout before iteration 0
     horizon_start: int | None = None  # turn limit of iteration 0 (None: agent.max_turns)
     horizon_step: int = 0  # ScalingInter-RL: the turn limit grows by this ...

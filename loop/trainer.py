@@ -71,7 +71,7 @@ from loop.config import ConfigError, RunConfig, TrainConfig, load_config
 from loop.credit import Credit, assign_credit, rollout_reward
 from loop.evaluation import run_evaluation
 from loop.learner import Learner, LearnStats
-from loop.metrics import rollout_metrics
+from loop.metrics import infra_failure_problem, rollout_metrics
 from loop.prompt import prompt_example
 from loop.report import learning_report
 from loop.rollout import RolloutJob, collect_rollouts
@@ -143,7 +143,9 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
             return_threshold=cfg.return_threshold,
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
-        metrics |= rollout_metrics(groups, credit, discarded, samples)
+        metrics |= rollout_metrics(groups, credit, discarded, samples, kept)
+        if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
+            raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
         t_learn = time.monotonic()
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
