@@ -88,6 +88,7 @@ class EvalConfig:
     limit: int | None = None  # evaluate only the first N tasks of the split
     max_concurrent_rollouts: int = 8
     temperature: float | None = None  # sampling temperature (None: agent.temperature)
+    max_turns: int | None = None  # the turn limit in evaluation (None: agent.max_turns)
 
 
 @dataclass

@@ -36,6 +36,9 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
 - Guards: global grad-norm clip at 0.1 ([C]; [P] says 1.0); the rest of an iteration is
   skipped when |k1| of the minibatch exceeds 20 ([C]); a non-finite loss skips the step and the
   iteration, and the run aborts after 20 of them ([C]).
+- N learners: our gradient is the single-process one (global sum / `minibatch_size`), N x [C]'s,
+  whose clip sees sqrt(N) x the true norm: `max_grad_norm` 0.1 x sqrt(N) clips like [C]
+  (configs/qwen2.5-32b-8gpu.yaml: 0.2 with 4 learners).
 - KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
