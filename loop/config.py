@@ -103,7 +103,9 @@ class TrainConfig:
     max_concurrent_rollouts: int = 8  # rollouts in flight at once
     rollouts_fraction: float = 0.9  # straggler cut-off: stop once this share of rollouts is done
     min_rollouts_per_task: int = 4  # ... and every task has at least this many
-    reward: Literal["fraction", "success"] = "fraction"  # fraction of tests passed, or all passed
+    # fraction of tests passed | all passed | acted: the collateral test counts only once the
+    # agent called complete_task or changed something (loop/credit.py)
+    reward: Literal["fraction", "success", "acted"] = "fraction"
     # loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches
     # return_threshold, else 0: expert iteration, with loss cross_entropy)
     advantage: Literal["loo", "grpo", "turn", "reinforce", "filter"] = "loo"

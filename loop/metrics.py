@@ -105,7 +105,8 @@ def rollout_metrics(
 
     `reward_mean` and `success_rate` count every rollout, an excluded one (infrastructure
     failure) as 0, so a run whose failures are excluded cannot look better than it is; the
-    `_scored` twins are over the scored rollouts only (what the advantages saw).
+    `_scored` twins are over the scored rollouts only. `train_reward_mean` is the mean of the
+    reward the advantages were computed from (`train.reward`), over the scored rollouts.
     """
     flat = [traj for group in groups for traj in group]
     if not flat:
@@ -123,6 +124,9 @@ def rollout_metrics(
         "rollout/success_rate_scored": mean(bool(t.success) for t in scored)
         if scored
         else math.nan,
+        "rollout/train_reward_mean": _mean_or_nan(
+            [r for r, present in zip(credit.rewards, credit.present, strict=True) if present]
+        ),
         "rollout/attained_return_1": mean(any(t.reward == 1.0 for t in group) for group in groups),
         "rollout/infra_failures": credit.excluded,
         "rollout/infra_failure_share": sum(t.infra_failure for t in flat) / len(flat),

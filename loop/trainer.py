@@ -10,8 +10,9 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
 - Straggler cut-off: collection stops once `rollouts_fraction` of the rollouts are done and
   every task has `min_rollouts_per_task`; the rest are cancelled and discarded ([P] App. D, [C]).
 - Reward: the fraction of the task's unit tests passed ([P], [C]); `reward: success` trains on
-  the binary outcome instead. No shaping: no penalty for missing code or failed execution
-  ([C]'s penalties default to 0).
+  the binary outcome, `reward: acted` counts the collateral test only once the agent acted
+  (loop/credit.py; logged as `rollout/train_reward_mean`). No other shaping: no penalty for
+  missing code or failed execution ([C]'s penalties default to 0).
 - Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
   normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
   (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline). Rollouts that
