@@ -130,6 +130,7 @@ async def run_episode(
             observation = NO_CODE
         else:
             calls_before = len(env.api_calls)
+            cell_start = time.monotonic()
             try:
                 observation = await env.astep(turn.code)
             except EnvironmentFailureError as exc:  # the environment's engine died or hung
@@ -138,6 +139,8 @@ async def run_episode(
             except Exception as exc:  # the sandbox itself failed, not the agent's code
                 traj.status, traj.error = "sandbox_crash", f"{type(exc).__name__}: {exc}"
                 break
+            finally:  # counted even when the rollout's time limit cancels the cell
+                traj.cell_time_s += time.monotonic() - cell_start
             turn.api_calls = [dataclasses.asdict(c) for c in env.api_calls[calls_before:]]
             result = env.last_result
             if result is not None:

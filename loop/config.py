@@ -76,7 +76,7 @@ class AgentConfig:
     max_observation_tokens: int = 3000  # longer observations are cut with a notice
     temperature: float = 1.0
     top_p: float = 1.0
-    rollout_timeout_s: float = 3600.0  # wall time of one rollout (status "timeout")
+    rollout_timeout_s: float = 3600.0  # wall time of one rollout ("timeout" when its cells used it)
     worked_example: bool = True  # show the suite's worked example in the prompt (the paper does)
 
 
@@ -90,6 +90,7 @@ class EvalConfig:
     limit: int | None = None  # evaluate only the first N tasks of the split
     max_concurrent_rollouts: int = 8
     temperature: float | None = None  # sampling temperature (None: agent.temperature)
+    max_turns: int | None = None  # the turn limit in evaluation (None: agent.max_turns)
 
 
 @dataclass
@@ -104,7 +105,9 @@ class TrainConfig:
     max_concurrent_rollouts: int = 8  # rollouts in flight at once
     rollouts_fraction: float = 0.9  # straggler cut-off: stop once this share of rollouts is done
     min_rollouts_per_task: int = 4  # ... and every task has at least this many
-    reward: Literal["fraction", "success"] = "fraction"  # fraction of tests passed, or all passed
+    # fraction of tests passed | all passed | acted: the collateral test counts only once the
+    # agent called complete_task or changed something (loop/credit.py)
+    reward: Literal["fraction", "success", "acted"] = "fraction"
     # loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches
     # return_threshold, else 0: expert iteration, with loss cross_entropy)
     advantage: Literal["loo", "grpo", "turn", "reinforce", "filter"] = "loo"
@@ -129,6 +132,7 @@ class TrainConfig:
     max_seq_len: int = 32_000  # longer rollouts are truncated for learning (and counted)
     logprob_chunk_size: int = 1024  # positions per LM-head chunk in the log-prob computation
     logprob_diff_threshold: float | None = None  # abort if max |learner - sampler| exceeds it
+    max_infra_failure_share: float | None = 0.5  # abort if more of an iteration's rollouts fail
     stress_test: bool = True  # forward+backward of a max_seq_len rollout before iteration 0
     horizon_start: int | None = None  # turn limit of iteration 0 (None: agent.max_turns)
     horizon_step: int = 0  # ScalingInter-RL: the turn limit grows by this ...

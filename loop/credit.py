@@ -5,6 +5,14 @@ rollouts of each drawn task) into padded (G, K) tensors, call the configured est
 by |A|, and unpack. Rollouts that failed for an infrastructure reason, or were not scored, are
 "not present": excluded from the baseline of their group and from learning, and counted.
 
+`rollout_reward` is the training reward: `fraction` (of tests passed, the paper's), `success`
+(1.0 when all passed), or `acted`: the fraction where the collateral test (nothing else was
+changed) counts only once the agent acted, that is called complete_task or made a successful
+call that is not a read. Without it a rollout that does nothing earns the collateral test's
+share (0.5 on a two-test task) and can beat a plausible wrong attempt, so a policy can learn to
+do nothing. Reads are told by the AppWorld naming the built-in world shares (`show_*`,
+`search_*`, `login`, `logout`); the collateral test is AppTown's `no_collateral_changes`.
+
 `turn_rewards` is the one named per-turn reward used by the turn-level (MT-GRPO) estimator: a
 turn earns 1.0 when its code ran without an error, a timeout or a crash and every API call it
 made succeeded; 0.0 otherwise (including a turn with no code).
@@ -12,7 +20,7 @@ made succeeded; 0.0 otherwise (including a turn with no code).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,13 +45,31 @@ class Credit:
     present: list[bool]  # scored and not an infrastructure failure
     groups_dropped: int  # groups left with fewer survivors than the estimator needs
     excluded: int  # rollouts not present
+    rewards: list[float] = field(default_factory=list)  # the training reward of each rollout
+
+
+COLLATERAL_TEST = "no_collateral_changes"
+READ_PREFIXES = ("show_", "search_", "login", "logout")
 
 
 def rollout_reward(traj: Trajectory, kind: str) -> float:
-    """The training reward: the fraction of tests passed, or 1.0/0.0 for success."""
+    """The training reward (see the module docstring): fraction, success or acted."""
     if kind == "success":
         return float(bool(traj.success))
+    if kind == "acted" and traj.tests and not acted(traj):
+        passed = sum(t["passed"] and t["name"] != COLLATERAL_TEST for t in traj.tests)
+        return passed / len(traj.tests)
     return float(traj.reward or 0.0)
+
+
+def acted(traj: Trajectory) -> bool:
+    """The agent called complete_task, or made a successful API call that is not a read."""
+    if traj.status == "ok":
+        return True
+    return any(
+        call.get("ok") and not str(call.get("api", "")).startswith(READ_PREFIXES)
+        for call in traj.api_calls
+    )
 
 
 def turn_rewards(traj: Trajectory) -> list[float]:
@@ -112,4 +138,5 @@ def assign_credit(
             credit.keep.append(bool(keep[g, k]))
             credit.present.append(bool(present[g, k]))
             credit.excluded += not bool(present[g, k])
+            credit.rewards.append(float(rewards[g, k]))
     return credit

@@ -41,6 +41,17 @@ def eval_jobs(tasks: list[Any], rollouts_per_task: int, seed: int) -> list[Rollo
     ]
 
 
+def eval_agent_settings(config: Any) -> Any:
+    """The agent settings evaluation runs with: `agent`, with eval.temperature and
+    eval.max_turns where they are set (the paper evaluates with 50 turns, trains with 40)."""
+    changes: dict[str, Any] = {}
+    if config.eval.temperature is not None:
+        changes["temperature"] = config.eval.temperature
+    if config.eval.max_turns is not None:
+        changes["max_turns"] = config.eval.max_turns
+    return dataclasses.replace(config.agent, **changes)
+
+
 async def run_evaluation(
     config: RunConfig,
     *,
@@ -59,9 +70,7 @@ async def run_evaluation(
     if config.eval.limit is not None:
         tasks = tasks[: config.eval.limit]
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
-    settings = config.agent
-    if config.eval.temperature is not None:
-        settings = dataclasses.replace(settings, temperature=config.eval.temperature)
+    settings = eval_agent_settings(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = dataclasses.replace(config, eval=dataclasses.replace(config.eval, split=split))
     (out_dir / "config.yaml").write_text(yaml.safe_dump(written.to_dict(), sort_keys=False))

@@ -10,10 +10,12 @@ loop/advantages.py. One iteration's learning (loop_spec.md section 2, steps 5 to
    rollouts per optimizer step, `micro_batch_size` rollouts per forward pass. Each micro-batch's
    per-rollout losses are summed and divided by `minibatch_size` (a fixed divisor, as in the
    reference code, even for a short last minibatch) before `backward`, so gradients accumulate.
-3. Guards per step: a non-finite loss skips the step and the rest of the iteration (the run
-   aborts after `max_nan_steps` of them); after the backward pass, the k1 KL estimate over the
-   minibatch's rollouts (across processes) above `kl_threshold` skips the step and the rest of
-   the iteration; the global gradient norm is clipped to `max_grad_norm`.
+3. Guards per step: a non-finite loss, or a non-finite gradient norm after a finite loss,
+   skips the step and the rest of the iteration (the run aborts after `max_nan_steps` of them);
+   after the backward pass, the k1 KL estimate over the minibatch's rollouts (across processes)
+   above `kl_threshold` skips the step and the rest of the iteration (with `loss: reinforce`
+   too: the old log-probs are passed for it); the global gradient norm is clipped to
+   `max_grad_norm`.
 4. The learning-rate schedule (constant) steps once per iteration.
 
 With several processes each learner gets an equal shard of the rollouts; gradients are averaged
@@ -206,15 +208,7 @@ class Learner:
         units = int(total_units)
         stats.trained_tokens += int(total_tokens)
         if not math.isfinite(loss_sum):
-            self.optimizer.zero_grad(set_to_none=True)
-            stats.skipped_nan += 1
-            self.nan_steps_total += 1
-            if self.nan_steps_total > self.max_nan_steps:
-                raise NonFiniteLossError(
-                    f"{self.nan_steps_total} non-finite losses (train.max_nan_steps="
-                    f"{self.max_nan_steps}): check the learning rate and the log-prob parity"
-                )
-            return False
+            return self._skip_non_finite(stats)
         kl = kl_estimates(distributed.all_gather_cat(torch.cat(log_ratio_sums)))
         stats.kl_k1.append(float(kl.k1))
         stats.kl_k3.append(float(kl.k3))
@@ -223,13 +217,28 @@ class Learner:
             stats.skipped_high_kl += 1
             return False
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if not math.isfinite(grad_norm):  # a finite loss can still give inf/NaN gradients:
+            return self._skip_non_finite(stats)  # AdamW would write NaN into the weights
         self.optimizer.step()
         self.global_step += 1
         stats.optimizer_steps += 1
         stats.losses.append(loss_sum / max(units, 1))
         stats.clip_fractions.append(clipped / max(units, 1))
-        stats.grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+        stats.grad_norms.append(grad_norm)
         return True
+
+    def _skip_non_finite(self, stats: LearnStats) -> bool:
+        """Drop this step's gradients and count it; abort past `max_nan_steps` in the run."""
+        self.optimizer.zero_grad(set_to_none=True)
+        stats.skipped_nan += 1
+        self.nan_steps_total += 1
+        if self.nan_steps_total > self.max_nan_steps:
+            raise NonFiniteLossError(
+                f"{self.nan_steps_total} non-finite losses or gradient norms (train.max_nan_steps="
+                f"{self.max_nan_steps}): check the learning rate and the log-prob parity"
+            )
+        return False
 
     def _policy_loss(self, batch: Batch) -> Any:
         logprobs = self._logprobs(batch)
@@ -239,7 +248,10 @@ class Learner:
         if self.loss == "reinforce":
             if self.ratio_level == "turn":
                 raise ValueError("the REINFORCE loss has no per-turn form: use token or trajectory")
-            return reinforce_loss(logprobs, batch.advantages, mask, level=self.ratio_level)
+            return reinforce_loss(  # old log-probs only feed k1/k3 and the high-KL stop
+                logprobs, batch.advantages, mask, level=self.ratio_level,
+                old_logprobs=batch.old_logprobs,
+            )  # fmt: skip
         assert batch.old_logprobs is not None
         return clipped_surrogate_loss(
             logprobs, batch.old_logprobs, batch.advantages, mask,

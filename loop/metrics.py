@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from statistics import mean
 from typing import Any
 
-from loop.trajectory import Trajectory
+from loop.trajectory import INFRA_STATUSES, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -91,12 +91,22 @@ def _by_difficulty(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def rollout_metrics(
-    groups: Sequence[Sequence[Trajectory]], credit: Any, discarded: int, samples: Sequence[Any]
+    groups: Sequence[Sequence[Trajectory]],
+    credit: Any,
+    discarded: int,
+    samples: Sequence[Any],
+    kept: Sequence[bool],
 ) -> dict[str, float]:
     """Namespaced metrics (`rollout/...`) of one training iteration's rollouts.
 
     `credit` is the iteration's `loop.credit.Credit` (flattened in group order), `discarded`
-    the rollouts cancelled by the straggler cut-off, `samples` what this process trains on.
+    the rollouts cancelled by the straggler cut-off, `samples` what this process trains on and
+    `kept` the rollouts trained on, after the top-up to a multiple of the world size.
+
+    `reward_mean` and `success_rate` count every rollout, an excluded one (infrastructure
+    failure) as 0, so a run whose failures are excluded cannot look better than it is; the
+    `_scored` twins are over the scored rollouts only. `train_reward_mean` is the mean of the
+    reward the advantages were computed from (`train.reward`), over the scored rollouts.
     """
     flat = [traj for group in groups for traj in group]
     if not flat:
@@ -108,13 +118,21 @@ def rollout_metrics(
         "rollout/count": len(flat),
         "rollout/discarded": discarded,
         "rollout/tasks": len(groups),
-        "rollout/reward_mean": mean(t.reward or 0.0 for t in scored) if scored else math.nan,
-        "rollout/success_rate": mean(bool(t.success) for t in scored) if scored else math.nan,
+        "rollout/reward_mean": sum(t.reward or 0.0 for t in scored) / len(flat),
+        "rollout/success_rate": sum(bool(t.success) for t in scored) / len(flat),
+        "rollout/reward_mean_scored": mean(t.reward or 0.0 for t in scored) if scored else math.nan,
+        "rollout/success_rate_scored": mean(bool(t.success) for t in scored)
+        if scored
+        else math.nan,
+        "rollout/train_reward_mean": _mean_or_nan(
+            [r for r, present in zip(credit.rewards, credit.present, strict=True) if present]
+        ),
         "rollout/attained_return_1": mean(any(t.reward == 1.0 for t in group) for group in groups),
         "rollout/infra_failures": credit.excluded,
+        "rollout/infra_failure_share": sum(t.infra_failure for t in flat) / len(flat),
         "rollout/groups_dropped": credit.groups_dropped,
-        "rollout/kept": sum(credit.keep),
-        "rollout/filtered_fraction": 1 - sum(credit.keep) / present_count if present_count else 0,
+        "rollout/kept": sum(kept),
+        "rollout/filtered_fraction": 1 - sum(kept) / present_count if present_count else 0,
         "rollout/turns_mean": mean(len(t.turns) for t in flat),
         "rollout/output_tokens_mean": mean(sum(t.is_output) for t in flat),
         "rollout/tokens_max": max(len(t.tokens) for t in flat),
@@ -129,3 +147,26 @@ def rollout_metrics(
     for difficulty, successes in sorted(by_difficulty.items()):
         metrics[f"rollout/success_rate/d{difficulty}"] = mean(successes)
     return metrics
+
+
+def infra_failure_problem(metrics: dict[str, float], max_share: float | None) -> str | None:
+    """Why the run must stop: more than `max_share` of the iteration's rollouts were
+    infrastructure failures (named with their counts); None when within it or unchecked."""
+    share = metrics.get("rollout/infra_failure_share", 0.0)
+    if max_share is None or share <= max_share:
+        return None
+    counts = {
+        key.removeprefix("rollout/status/"): int(value)
+        for key, value in sorted(metrics.items())
+        if key.startswith("rollout/status/")
+        and key.removeprefix("rollout/status/") in INFRA_STATUSES
+    }
+    named = ", ".join(f"{status} {count}" for status, count in counts.items())
+    return (
+        f"{share:.0%} of the iteration's rollouts failed for infrastructure reasons ({named}), "
+        f"more than train.max_infra_failure_share={max_share:g}: fix the cause before training on"
+    )
+
+
+def _mean_or_nan(values: list[float]) -> float:
+    return mean(values) if values else math.nan

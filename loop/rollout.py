@@ -4,12 +4,15 @@
 time, each in a fresh sandbox from the pool (released, so destroyed, after the episode). Each
 job ends as a `Trajectory` with an explicit status, and is scored by the environment's own
 tests (the same code evaluate.py reports). Our failures become statuses, never exceptions that
-take down the other rollouts and never a silent reward of 0.0.
+take down the other rollouts and never a silent reward of 0.0; what the agent's own code causes
+is scored (the attribution rule in `loop/trajectory.py`). Once the episode ends the sandbox
+stops serving `apis`, so the state that is graded is the state the episode ended with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generator
-from loop.trajectory import Trajectory
+from loop.trajectory import RolloutStatus, Trajectory
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,10 @@ async def _rollout(
         try:
             await asyncio.wait_for(episode, timeout=settings.rollout_timeout_s)
         except TimeoutError:
-            traj.status = "timeout"
-            traj.error = f"rollout exceeded {settings.rollout_timeout_s:g} s"
+            traj.status, traj.error = timeout_status(traj.cell_time_s, settings.rollout_timeout_s)
+            traj.api_calls = [dataclasses.asdict(c) for c in env.api_calls]
+        if sandbox is not None:  # the episode is over: nothing the agent left running may act
+            sandbox.set_handler(None)
         if not traj.infra_failure:
             await _score(traj, env)
     except Exception as exc:  # a bug below us must not take the other rollouts down
@@ -113,6 +118,15 @@ async def _rollout(
         if sandbox is not None:
             await pool.release_async(sandbox)
     return traj
+
+
+def timeout_status(cell_time_s: float, limit_s: float) -> tuple[RolloutStatus, str]:
+    """Whose a rollout's run-out of wall time is: the agent's when its own cells used at least
+    half of the limit (it is then scored on its final state), else our machinery's."""
+    spent = f"rollout exceeded {limit_s:g} s, {cell_time_s:.0f} s of it in the agent's cells"
+    if cell_time_s >= limit_s / 2:
+        return "timeout", spent
+    return "generation_timeout", spent
 
 
 async def _score(traj: Trajectory, env: Any) -> None:

@@ -10,8 +10,9 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
 - Straggler cut-off: collection stops once `rollouts_fraction` of the rollouts are done and
   every task has `min_rollouts_per_task`; the rest are cancelled and discarded ([P] App. D, [C]).
 - Reward: the fraction of the task's unit tests passed ([P], [C]); `reward: success` trains on
-  the binary outcome instead. No shaping: no penalty for missing code or failed execution
-  ([C]'s penalties default to 0).
+  the binary outcome, `reward: acted` counts the collateral test only once the agent acted
+  (loop/credit.py; logged as `rollout/train_reward_mean`). No other shaping: no penalty for
+  missing code or failed execution ([C]'s penalties default to 0).
 - Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
   normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
   (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline). Rollouts that
@@ -36,6 +37,9 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
 - Guards: global grad-norm clip at 0.1 ([C]; [P] says 1.0); the rest of an iteration is
   skipped when |k1| of the minibatch exceeds 20 ([C]); a non-finite loss skips the step and the
   iteration, and the run aborts after 20 of them ([C]).
+- N learners: our gradient is the single-process one (global sum / `minibatch_size`), N x [C]'s,
+  whose clip sees sqrt(N) x the true norm: `max_grad_norm` 0.1 x sqrt(N) clips like [C]
+  (configs/qwen2.5-32b-8gpu.yaml: 0.2 with 4 learners).
 - KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
@@ -71,7 +75,7 @@ from loop.config import ConfigError, RunConfig, TrainConfig, load_config
 from loop.credit import Credit, assign_credit, rollout_reward
 from loop.evaluation import run_evaluation
 from loop.learner import Learner, LearnStats
-from loop.metrics import rollout_metrics
+from loop.metrics import infra_failure_problem, rollout_metrics
 from loop.prompt import prompt_example
 from loop.report import learning_report
 from loop.rollout import RolloutJob, collect_rollouts
@@ -143,7 +147,9 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
             return_threshold=cfg.return_threshold,
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
-        metrics |= rollout_metrics(groups, credit, discarded, samples)
+        metrics |= rollout_metrics(groups, credit, discarded, samples, kept)
+        if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
+            raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
         t_learn = time.monotonic()
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.

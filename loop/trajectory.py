@@ -11,6 +11,14 @@ environment added (chat-template glue and the observation). Parallel arrays:
 t.output_end]` gives that turn's assistant message. The status says how the rollout ended;
 `INFRA_STATUSES` are failures of our machinery, excluded from advantages and counted.
 
+Failure attribution, the one rule (DESIGN.md section 4): what the agent's own code causes is
+the agent's and is scored on the final state, never excluded: a cell that crashes or hangs its
+kernel, junk it leaves for the next kernel, arguments an API refuses, a rollout that runs out of
+time because its cells did (`timeout`). Only failures of our machinery are infrastructure
+statuses: the generator failing or being too slow (`generator_error`, `generation_timeout`), a
+sandbox that cannot be had or restarted (`sandbox_crash`), the environment's engine or grader
+failing (`env_crash`, `env_error`).
+
 API calls are stored once, per turn (`Turn.api_calls`); `Trajectory.api_calls` is every call in
 order, derived from the turns. Only calls that belong to no turn (a step whose sandbox crashed
 after some calls ran) make the rollout keep its own list, written as the top-level
@@ -28,14 +36,15 @@ RolloutStatus = Literal[
     "ok",  # the agent called complete_task
     "max_turns",  # the turn limit came first
     "context_exhausted",  # the token budget came first
-    "timeout",  # the rollout's wall-clock limit came first
+    "timeout",  # the rollout's wall-clock limit came while its own cells used most of it
+    "generation_timeout",  # the wall-clock limit came while generation used most of it
     "sandbox_crash",  # the sandbox could not go on (not a crash the agent's code caused)
     "env_crash",  # the environment's engine process died or hung (e.g. AppWorld's)
     "generator_error",  # the generation backend failed
     "env_error",  # the environment or its grader failed
 ]
 INFRA_STATUSES: frozenset[str] = frozenset(
-    {"timeout", "sandbox_crash", "env_crash", "generator_error", "env_error"}
+    {"generation_timeout", "sandbox_crash", "env_crash", "generator_error", "env_error"}
 )
 
 
@@ -78,6 +87,7 @@ class Trajectory:
     error: str | None = None  # why an infrastructure status was given
     token_exact: bool = True  # False when a backend returned text that had to be re-tokenised
     duration_s: float = 0.0
+    cell_time_s: float = 0.0  # wall time spent running the agent's cells (for attribution)
 
     @property
     def api_calls(self) -> list[dict[str, Any]]:

@@ -23,7 +23,8 @@ What is isolated (each layer is probed at start; `isolation_report()` says which
   no_new_privs, so it cannot signal or ptrace host processes.
 - Resources: per-sandbox cgroup caps on processes+threads, memory and CPU share; rlimits on
   address space, CPU seconds, open files, file size and core dumps; cell wall time (interrupt,
-  then kill and replace); output size (cut with a notice, host memory stays bounded).
+  then kill and replace); output size (capped in the kernel itself, so host memory stays flat,
+  and cut with a notice).
 - Environment: the kernel gets a fresh environment (no host variables, tokens or keys).
 - Failure: a kernel that dies (segfault, os._exit, SIGKILL, out of memory) is reported as
   `crashed=True` and replaced; a hung one is killed; teardown kills the whole cgroup; sandboxes
@@ -32,7 +33,8 @@ What is isolated (each layer is probed at start; `isolation_report()` says which
 What is not isolated:
 - The kernel shares the host's Linux kernel (namespaces, not a VM): a kernel exploit escapes.
 - The bridge handler runs in the host process: a flood of `apis` calls costs host CPU until the
-  cell's time limit, and the handler must treat its arguments as untrusted (names are checked).
+  cell's time limit, and the handler must treat its arguments as untrusted (names and values
+  are checked at the bridge, `sandbox/arguments.py`; calls are served only while a cell runs).
 - Agent code can read the installed Python packages and /usr, and use the CPU share and memory
   it is given; it can read its own connection file and talk to its own kernel.
 - Where a layer is missing (no bubblewrap, no writable cgroups, not root) the sandbox logs a

@@ -9,10 +9,17 @@ state: it only sees results. The protocol, one request and one reply per line:
     {"id": 7, "ok": false, "error": "You are not logged in ...", "status": 401}
 
 Everything from the kernel is untrusted. Names must be identifiers without a leading underscore
-(so no dunder reaches the handler), a request line is capped at `max_request_bytes`, and a reply
-that cannot be sent within `send_timeout_s` closes that connection. A handler that raises
-`ApiError` gives the agent an error to read; any other exception is a bug in the handler: the
-agent sees "internal error" and the message is kept in `errors` for the environment to report.
+(so no dunder reaches the handler), a request line is capped at `max_request_bytes`, arguments
+must pass `sandbox.arguments.argument_problem` (64-bit integers, finite numbers, encodable
+strings, bounded nesting and size; else 422), and a reply that cannot be sent within
+`send_timeout_s` closes that connection. Every line gets a reply, however malformed, and nothing a
+connection sends can stop the server thread: an unexpected error drops only that connection.
+
+While `serving` is False (the sandbox clears it between cells) calls are refused with 409 and
+counted in `refused`, so code left running after its cell cannot act while no cell runs. A
+handler that raises `ApiError` gives the agent an error to read; any other exception is a bug in
+the handler: the agent sees "internal error" and the message is kept in `errors` for the
+environment to report.
 
 One server thread per sandbox, one call at a time: a handler needs no locking against itself.
 """
@@ -31,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sandbox.arguments import argument_problem
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,8 @@ class BridgeServer:
         self.send_timeout_s = send_timeout_s
         self.errors: list[str] = []  # handler bugs, for the environment to report
         self.calls = 0
+        self.serving = True  # False: refuse calls (no cell is running)
+        self.refused = 0  # calls refused while not serving
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(str(path))
         os.chmod(path, 0o666)  # the kernel runs under a uid of its own
@@ -105,10 +116,15 @@ class BridgeServer:
                 assert isinstance(sock, socket.socket)
                 if sock is self._wake_r or self._closed:
                     return
-                if sock is self._listener:
-                    self._accept()
-                else:
-                    self._read(sock)
+                try:
+                    if sock is self._listener:
+                        self._accept()
+                    else:
+                        self._read(sock)
+                except Exception:  # never let one connection end the server
+                    log.exception("bridge %s: dropping a connection after an error", self.path)
+                    if sock is not self._listener:
+                        self._drop(sock)
 
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
@@ -145,18 +161,30 @@ class BridgeServer:
             request = json.loads(line)
             if not isinstance(request, dict):
                 raise ValueError("a request is a JSON object")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: brackets nested too deep
             return {"id": None, "ok": False, "error": f"malformed request: {exc}", "status": 400}
         rid, app, api, kwargs = (request.get(k) for k in ("id", "app", "api", "kwargs"))
+        if not isinstance(rid, int | str) or isinstance(rid, bool) or len(str(rid)) > 64:
+            rid = None  # echoed in the reply: only a short plain id comes back
         if not (isinstance(app, str) and NAME.fullmatch(app)):
-            return {"id": rid, "ok": False, "error": f"invalid app name {app!r}", "status": 400}
+            error = f"invalid app name {_quote(app)}"
+            return {"id": rid, "ok": False, "error": error, "status": 400}
         if not (isinstance(api, str) and NAME.fullmatch(api)):
-            return {"id": rid, "ok": False, "error": f"invalid api name {api!r}", "status": 400}
+            error = f"invalid api name {_quote(api)}"
+            return {"id": rid, "ok": False, "error": error, "status": 400}
         if not isinstance(kwargs, dict):
             return {"id": rid, "ok": False, "error": "kwargs must be an object", "status": 400}
         handler = self.handler
         if handler is None:
             return {"id": rid, "ok": False, "error": "no apps are served here", "status": 503}
+        if not self.serving:
+            self.refused += 1
+            error = "apis calls are served only while a cell runs (this call came after its cell)"
+            return {"id": rid, "ok": False, "error": error, "status": 409}
+        problem = argument_problem(kwargs)
+        if problem is not None:
+            error = f"invalid arguments to {app}.{api}: {problem}"
+            return {"id": rid, "ok": False, "error": error, "status": 422}
         self.calls += 1
         try:
             result = handler(app, api, kwargs)
@@ -206,3 +234,10 @@ class BridgeServer:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(conn)
         conn.close()
+
+
+def _quote(value: Any) -> str:
+    """A short, safe rendering of an untrusted name (no repr of a deep or huge value)."""
+    if isinstance(value, str):
+        return repr(value[:64]) + ("..." if len(value) > 64 else "")
+    return f"of type {type(value).__name__}"

@@ -4,7 +4,9 @@
         sb.execute("x = 41")
         result = sb.execute("x + 1")           # result.output == "42\n"
 
-State persists across cells as in a notebook. A cell past its time limit is interrupted; if it
+State persists across cells as in a notebook. The bridge serves `apis` calls only while a cell
+runs: a thread the agent left running cannot act between cells, and the next cell's output says
+how many of its calls were refused. A cell past its time limit is interrupted; if it
 does not stop within `interrupt_grace_s` the kernel is killed and replaced (state lost, said in
 the output). A kernel that dies is reported as `crashed=True` and replaced on the next call.
 Neither raises: the caller reads the result and decides whether the episode goes on.
@@ -124,6 +126,8 @@ class Sandbox:
             self._bridge = BridgeServer(
                 bridge_socket(self.directory), handler, max_request_bytes=MAX_REQUEST_BYTES
             )
+            self._bridge.serving = False  # only while a cell runs
+            self._refused_reported = 0
             self._kernel = self._start_kernel()
         except BaseException:
             self._teardown()
@@ -158,7 +162,11 @@ class Sandbox:
         if self._closed:
             raise RuntimeError("execute() on a closed Sandbox")
         with self._lock:
-            return self._execute(code, self.timeout_s if timeout is None else timeout)
+            assert self._bridge is not None
+            try:
+                return self._execute(code, self.timeout_s if timeout is None else timeout)
+            finally:
+                self._bridge.serving = False
 
     async def execute_async(self, code: str, timeout: float | None = None) -> ExecutionResult:
         """`execute` without blocking the event loop (runs on the sandbox I/O threads)."""
@@ -194,6 +202,7 @@ class Sandbox:
             uid=self.uid,
             cgroup=self.cgroup,
             startup_timeout_s=self.startup_timeout_s,
+            max_output_chars=self.max_output_chars,
         )
 
     def _replace_kernel(self, reason: str) -> None:
@@ -215,6 +224,17 @@ class Sandbox:
         if self._lost_state_note:
             out.note(self._lost_state_note)
             self._lost_state_note = None
+        assert self._bridge is not None
+        refused, self._refused_reported = (
+            self._bridge.refused - self._refused_reported,
+            self._bridge.refused,
+        )
+        if refused:
+            out.note(
+                f"{refused} apis call(s) made while no cell was running were refused "
+                "(code left running after its cell cannot call apis)"
+            )
+        self._bridge.serving = True
         kernel = self._kernel
         msg_id = kernel.client.execute(code, store_history=True, allow_stdin=False)
         state = _collect(kernel, msg_id, out, deadline=start + timeout)

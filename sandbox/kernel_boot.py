@@ -5,12 +5,14 @@ directory with the bridge socket path filled in, and ipykernel runs it at start-
 It may use only the standard library: the kernel cannot import our packages.
 
 `apis.<app>.<api>(**kwargs)` sends one JSON line to the host and returns the decoded result or
-raises `ApiError`. Frames of this file carry `__tracebackhide__`, so tracebacks the agent reads
-start and end in its own code.
+raises `ApiError`. Output is capped here, where it is produced (`_loop_cap_output`). Frames of
+this file carry `__tracebackhide__`, so tracebacks the agent reads start and end in its own code.
 """
 
 BRIDGE_SOCKET = "__BRIDGE_SOCKET__"  # replaced by the host when it writes this file
 MAX_REQUEST_BYTES = 1 << 20  # replaced too: the bridge server's own limit
+MAX_OUTPUT_CHARS = 20_000  # replaced as well: what the host shows of one cell
+DROPPED_MIME = "application/x-loop-dropped"  # the host reads the dropped count from this
 
 
 def _loop_make_apis(socket_path, max_request_bytes):  # type: ignore[no-untyped-def]
@@ -148,6 +150,74 @@ def _loop_hide_own_frames(own_dir):  # type: ignore[no-untyped-def]
     formatter.structured_traceback = structured_traceback
 
 
+def _loop_cap_output(max_chars, dropped_mime):  # type: ignore[no-untyped-def]
+    """Cap, here in the kernel, what one cell sends to the host.
+
+    stdout, stderr and displayed values share a budget of `max_chars` characters per cell
+    (what the host would show anyway); past it, text is dropped before it is ever sent and only
+    its length goes to the host, once, after the cell. Host memory then stays flat however much
+    a cell prints. Output of threads between cells draws on the last cell's spent budget.
+    """
+    import sys
+
+    shell = get_ipython()  # noqa: F821 (an IPython builtin)
+    state = {"left": max_chars, "dropped": 0}
+
+    def take(text):
+        if len(text) <= state["left"]:
+            state["left"] -= len(text)
+            return text
+        kept = text[: max(state["left"], 0)]
+        state["dropped"] += len(text) - len(kept)
+        state["left"] = 0
+        return kept
+
+    def capped_write(write):
+        def write_capped(text):
+            if not isinstance(text, str):
+                return write(text)  # the stream raises its own TypeError
+            kept = take(text)
+            if kept:
+                write(kept)
+            return len(text)
+
+        return write_capped
+
+    def capped_data(data):
+        if not isinstance(data, dict):
+            return data
+        return {k: take(v) if isinstance(v, str) else v for k, v in data.items()}
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.write = capped_write(stream.write)
+
+    publish = shell.display_pub.publish
+    write_format_data = shell.displayhook.write_format_data
+
+    def publish_capped(data, *args, **kwargs):
+        return publish(capped_data(data), *args, **kwargs)
+
+    def write_format_data_capped(format_dict, *args, **kwargs):
+        return write_format_data(capped_data(format_dict), *args, **kwargs)
+
+    shell.display_pub.publish = publish_capped
+    shell.displayhook.write_format_data = write_format_data_capped
+
+    def reset(*_):
+        state["left"], state["dropped"] = max_chars, 0
+
+    def report(*_):
+        if state["dropped"]:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            publish({dropped_mime: str(state["dropped"])})
+
+    shell.events.register("pre_run_cell", reset)
+    shell.events.register("post_run_cell", report)
+
+
 apis, ApiError = _loop_make_apis(BRIDGE_SOCKET, MAX_REQUEST_BYTES)
 _loop_hide_own_frames(BRIDGE_SOCKET.rsplit("/", 1)[0] + "/")
-del _loop_make_apis, _loop_hide_own_frames, BRIDGE_SOCKET, MAX_REQUEST_BYTES
+_loop_cap_output(MAX_OUTPUT_CHARS, DROPPED_MIME)
+del _loop_make_apis, _loop_hide_own_frames, _loop_cap_output, BRIDGE_SOCKET, MAX_REQUEST_BYTES
+del MAX_OUTPUT_CHARS, DROPPED_MIME

@@ -3,7 +3,10 @@
 The order is the notebook's: stdout and stderr as they stream, display outputs, the repr of a
 trailing expression, then a traceback. ANSI escapes and other control characters are dropped
 (binary output must not reach a tokenizer raw), and past `max_chars` the text is cut with a
-visible notice saying how much was left out. Memory stays bounded however much a cell prints.
+visible notice saying how much was left out. The kernel itself stops sending past the same
+limit (`sandbox/kernel_boot.py`) and reports only how much it dropped, as a display message of
+type DROPPED_MIME that is counted here, never shown; host memory stays flat however much a cell
+prints.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # keeps \t and \n
+DROPPED_MIME = "application/x-loop-dropped"  # the kernel's count of characters it did not send
 
 
 def clean_text(text: str) -> str:
@@ -44,6 +48,10 @@ class OutputCollector:
             self._append(str(content.get("text", "")))
         elif msg_type in ("execute_result", "display_data"):
             data = content.get("data", {})
+            if DROPPED_MIME in data:
+                count = str(data[DROPPED_MIME])
+                self.dropped += int(count) if count.isdigit() and len(count) < 19 else 0
+                return
             text = data.get("text/plain")
             if text is None and data:
                 text = f"<{', '.join(sorted(data))} output>"

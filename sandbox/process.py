@@ -81,9 +81,11 @@ class KernelProcess:
         uid: int | None,
         cgroup: Cgroup | None,
         startup_timeout_s: float,
+        max_output_chars: int = 20_000,
     ) -> KernelProcess:
-        """Launch a kernel in `directory` (its home/ is kept across restarts)."""
-        plan = _lay_out(directory, uid, cgroup)
+        """Launch a kernel in `directory` (its home/ is kept across restarts); it sends the host
+        at most `max_output_chars` characters of output per cell."""
+        plan = _lay_out(directory, uid, cgroup, max_output_chars)
         manager = _manager(plan, kernel_command(caps, limits, plan))
         log_path = directory / "kernel.log"
         try:
@@ -179,12 +181,28 @@ def bridge_socket(directory: Path) -> Path:
     return chan / "bridge.sock"
 
 
+def remove_entry(path: Path) -> None:
+    """Delete one entry of a kernel-writable directory, whatever the kernel made it.
+
+    Agent code can leave directories, links or fifos among the channel files; a plain unlink
+    of a directory would raise, and the next kernel would fail to start for a reason the agent
+    caused.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def remove_directory(directory: Path) -> None:
     """Delete a sandbox directory (files the kernel made included)."""
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchPlan:
+def _lay_out(
+    directory: Path, uid: int | None, cgroup: Cgroup | None, max_output_chars: int
+) -> LaunchPlan:
     home, chan = directory / "home", directory / "chan"
     for path in (home, chan):
         path.mkdir(parents=True, exist_ok=True)
@@ -193,7 +211,7 @@ def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchP
         path.chmod(0o700)
     for stale in chan.iterdir():  # sockets of a previous kernel; the bridge's stays
         if stale.name != "bridge.sock":
-            stale.unlink()
+            remove_entry(stale)
     plan = LaunchPlan(
         uid=uid,
         home_dir=home,
@@ -204,6 +222,7 @@ def _lay_out(directory: Path, uid: int | None, cgroup: Cgroup | None) -> LaunchP
     write_etc(plan)
     boot = BOOT_SOURCE.read_text().replace("__BRIDGE_SOCKET__", str(chan / "bridge.sock"), 1)
     boot = boot.replace("1 << 20  # replaced too", f"{MAX_REQUEST_BYTES}  # replaced too", 1)
+    boot = boot.replace("20_000  # replaced as well", f"{max_output_chars}  # replaced as well", 1)
     (chan / "boot.py").write_text(boot)
     (chan / "boot.py").chmod(0o444)
     return plan

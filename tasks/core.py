@@ -101,6 +101,47 @@ class ApiCall:
     latency_s: float  # time spent in the environment's handler (not the bridge)
 
 
+MAX_RECORDED_STRING = 500  # characters of one string argument kept in an ApiCall
+MAX_RECORDED_ITEMS = 50  # members of one list or object kept
+MAX_RECORDED_DEPTH = 6  # nesting kept; deeper values become a short marker
+
+
+def recorded_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A bounded copy of a call's arguments for `ApiCall.arguments`: still JSON values.
+
+    Agent code controls its arguments; the host keeps every call for the whole rollout, so
+    what it keeps must be small however large the arguments were. Long strings keep their head
+    and say how much was cut; long lists and objects keep their first members and a marker;
+    values nested deeper than MAX_RECORDED_DEPTH become "<list of N>" / "<object of N>".
+    """
+    return dict(_bounded(kwargs, 0))
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        if len(value) <= MAX_RECORDED_STRING:
+            return value
+        cut = len(value) - MAX_RECORDED_STRING
+        return f"{value[:MAX_RECORDED_STRING]}...[{cut} more characters]"
+    if isinstance(value, list | dict):
+        if depth >= MAX_RECORDED_DEPTH:
+            kind = "list" if isinstance(value, list) else "object"
+            return f"<{kind} of {len(value)}>"
+        if isinstance(value, list):
+            kept = [_bounded(v, depth + 1) for v in value[:MAX_RECORDED_ITEMS]]
+            if len(value) > MAX_RECORDED_ITEMS:
+                kept.append(f"...[{len(value) - MAX_RECORDED_ITEMS} more items]")
+            return kept
+        out = {}
+        for i, (key, v) in enumerate(value.items()):
+            if i == MAX_RECORDED_ITEMS:
+                out["..."] = f"[{len(value) - MAX_RECORDED_ITEMS} more entries]"
+                break
+            out[_bounded(str(key), depth + 1)] = _bounded(v, depth + 1)
+        return out
+    return value
+
+
 class EnvironmentFailureError(RuntimeError):
     """The environment itself broke (a handler bug, an inconsistent state): not the agent's fault.
 

@@ -25,6 +25,8 @@ from typing import Annotated, Any, TypedDict
 
 # The largest page an agent may ask for, as in AppWorld: code that assumes one page fails.
 MAX_PAGE_LIMIT = 20
+# The longest string argument: far past any real value, short of SQLite's LIKE pattern limit.
+MAX_STRING_CHARS = 10_000
 
 
 class AppError(Exception):
@@ -87,7 +89,7 @@ class Context:
         self, sql: str, params: tuple[Any, ...], page_index: int, page_limit: int
     ) -> list[Any]:
         """One page of an ordered query (`sql` must end with its ORDER BY)."""
-        offset = page_index * page_limit
+        offset = min(page_index * page_limit, 2**63 - 1)  # past every row, within SQLite's int64
         return self.rows(f"{sql} LIMIT ? OFFSET ?", (*params, page_limit, offset))
 
     def one(self, sql: str, params: tuple[Any, ...], missing: str) -> Any:
@@ -111,7 +113,10 @@ class Param:
     def check(self, value: Any) -> str | None:
         """Return why `value` is not acceptable for this parameter, or None if it is."""
         if not matches_type(value, self.type):
-            return f"must be {type_name(self.type)}, got {type(value).__name__} {value!r}"
+            shown = repr(value) if len(repr(value)) <= 200 else f"{repr(value)[:200]}..."
+            return f"must be {type_name(self.type)}, got {type(value).__name__} {shown}"
+        if isinstance(value, str) and len(value) > MAX_STRING_CHARS:
+            return f"must be at most {MAX_STRING_CHARS} characters, got {len(value)}"
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if number and self.arg.ge is not None and value < self.arg.ge:
             return f"must be >= {self.arg.ge:g}, got {value!r}"

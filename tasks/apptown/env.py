@@ -2,9 +2,10 @@
 
 The environment is the sandbox's bridge handler: `apis.<app>.<api>(**kwargs)` in agent code
 arrives at `handle`, runs against this instance's private SQLite state, and is recorded in
-`api_calls`. Errors the agent caused (not logged in, unknown id, bad arguments) go back to agent
-code as `sandbox.ApiError` with status 401/404/422; anything else is an environment bug, which
-the sandbox records in `handler_errors` and `evaluate` raises as `EnvironmentFailureError`.
+`api_calls`. Errors the agent caused (not logged in, unknown id, bad arguments, more than
+MAX_CALLS calls in one episode) go back to agent code as `sandbox.ApiError` with status
+401/404/422/429; anything else is an environment bug, which the sandbox records in
+`handler_errors` and `evaluate` raises as `EnvironmentFailureError`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,19 @@ from typing import TYPE_CHECKING, Any
 from sandbox import ApiError
 from tasks.apptown.api import AppError
 from tasks.apptown.server import AppServer
-from tasks.core import ApiCall, EnvironmentFailureError, SandboxLike, Task, TestReport
+from tasks.core import (
+    ApiCall,
+    EnvironmentFailureError,
+    SandboxLike,
+    Task,
+    TestReport,
+    recorded_arguments,
+)
 
 if TYPE_CHECKING:
     from tasks.apptown.suite import AppTownSuite
+
+MAX_CALLS = 10_000  # API calls one episode may make; every one is kept in host memory
 
 
 class AppTownEnv:
@@ -64,6 +74,8 @@ class AppTownEnv:
 
     def handle(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
         """The sandbox's bridge handler: run one API call and record it."""
+        if len(self.api_calls) >= MAX_CALLS:  # not recorded: the host keeps a bounded list
+            raise ApiError(f"this episode has made its {MAX_CALLS} API calls", status=429)
         start = time.perf_counter()
         try:
             with self._lock:
@@ -81,7 +93,14 @@ class AppTownEnv:
         self, app: str, api: str, kwargs: dict[str, Any], start: float, error: str | None
     ) -> None:
         self.api_calls.append(
-            ApiCall(app, api, dict(kwargs), error is None, error, time.perf_counter() - start)
+            ApiCall(
+                app,
+                api,
+                recorded_arguments(kwargs),  # bounded: agent code controls their size
+                error is None,
+                error,
+                time.perf_counter() - start,
+            )
         )
 
     def step(self, code: str) -> str:

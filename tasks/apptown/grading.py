@@ -77,6 +77,26 @@ class StateDiff:
         return [(c.before, c.after) for c in self._by_table[table] if c.before and c.after]
 
 
+Allowed = Mapping[str, Iterable[int] | Mapping[int, Iterable[str]]]
+"""Changes a task may make: table -> row ids (added or removed) or row id -> columns (updated)."""
+
+
+def _allows(allowed: Allowed, change: RowChange) -> bool:
+    rows = allowed.get(change.table)
+    if rows is None:
+        return False
+    if isinstance(rows, Mapping):
+        columns = rows.get(change.row_id)
+        if columns is None or change.before is None or change.after is None:
+            return False  # a row named for an update may not be added or removed
+        after = change.after
+        changed = {k for k, v in change.before.items() if after.get(k) != v}
+        return changed <= set(columns)
+    if change.before is not None and change.after is not None:
+        return False  # a row named as added or removed may not be updated
+    return change.row_id in set(rows)
+
+
 class Grader:
     """Runs one task's checks on a final state and collects them into a `TestReport`."""
 
@@ -117,10 +137,16 @@ class Grader:
         ok = answers_match(self.answer, expected, ordered=ordered)
         return self.check("answer", requirement, ok, f"the answer was {self.answer!r}")
 
-    def check_no_other_changes(self, allowed: Mapping[str, Iterable[int]] | None = None) -> bool:
-        """Nothing changed in any app except the rows in `allowed` (table -> row ids)."""
-        ok_ids = {(t, i) for t, ids in (allowed or {}).items() for i in ids}
-        extra = [c for c in self.diff.changes if (c.table, c.row_id) not in ok_ids]
+    def check_no_other_changes(self, allowed: Allowed | None = None) -> bool:
+        """Nothing changed in any app except what `allowed` names, column by column.
+
+        `allowed` maps a table to the rows that may change there: a list of row ids may be
+        added or removed (whole rows), a mapping row id -> column names may be updated in
+        those columns only. Any other changed column fails the check, so a right change made
+        together with a wrong one to the same row (renaming the contact whose email was asked
+        to change) is caught.
+        """
+        extra = [c for c in self.diff.changes if not _allows(allowed or {}, c)]
         listed = "; ".join(c.describe() for c in extra[:_MAX_LISTED])
         more = f" (and {len(extra) - _MAX_LISTED} more)" if len(extra) > _MAX_LISTED else ""
         return self.check(

@@ -213,6 +213,11 @@ def ids(rows: list[dict[str, Any]]) -> list[int]:
     return [r["id"] for r in rows]
 
 
+def columns(rows: list[dict[str, Any]], *names: str) -> dict[int, tuple[str, ...]]:
+    """An allowance for `check_no_other_changes`: these rows may change only in `names`."""
+    return {r["id"]: names for r in rows}
+
+
 def names(rows: list[dict[str, Any]]) -> str:
     """Readable names of people or contact rows, for failure messages."""
     return ", ".join(f"{r['first_name']} {r['last_name']}" for r in rows) or "nobody"

@@ -2,6 +2,8 @@
 
 `AppServer.call(app, api, kwargs)` is what the sandbox's `apis.<app>.<api>(**kwargs)` reaches
 (through `AppTownEnv`). Each call is atomic: an API that fails half way leaves no trace.
+Arguments are untrusted: values SQLite or the APIs cannot hold (integers past 64 bits, NaN,
+lone surrogates, deep nesting) are a 422 here, never an internal error.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sqlite3
 from datetime import datetime
 from typing import Any
 
+from sandbox.arguments import argument_problem
 from tasks.apptown.api import AppError, Context
 from tasks.apptown.apps import APPS
 
@@ -31,6 +34,9 @@ class AppServer:
                 f"No API named {api!r} in {app}; see "
                 f"apis.api_docs.show_api_descriptions(app_name={app!r}).",
             )
+        problem = argument_problem(kwargs)  # the bridge checks too; this path may have no bridge
+        if problem is not None:
+            raise AppError(422, f"Invalid arguments to {app}.{api}: {problem}")
         args = spec.bind(kwargs)
         if spec.needs_login and app not in self.ctx.logged_in:
             raise AppError(401, f"You are not logged in to {app}; call apis.{app}.login first.")

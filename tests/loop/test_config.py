@@ -114,3 +114,17 @@ def test_bad_bases_are_one_line_errors(tmp_path: Path, text: str, message: str) 
     (tmp_path / "self.yaml").write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(tmp_path / "self.yaml")
+
+
+def test_evaluation_runs_with_its_own_turn_limit_where_set() -> None:
+    from loop.evaluation import eval_agent_settings
+
+    config = load_config(None, ["agent.max_turns=40", "eval.max_turns=50"])
+    assert eval_agent_settings(config).max_turns == 50 and config.agent.max_turns == 40
+    assert eval_agent_settings(load_config(None, ["agent.max_turns=40"])).max_turns == 40
+
+
+def test_the_8_gpu_config_clips_like_the_reference_with_4_learners() -> None:
+    config = load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", [])
+    assert config.train.max_grad_norm == pytest.approx(0.1 * 4**0.5)
+    assert config.eval.max_turns == 50

@@ -9,7 +9,14 @@ import math
 
 import pytest
 
-from loop.metrics import compute_metrics, pass_at_k, scenario_goal_completion
+from loop.credit import assign_credit
+from loop.metrics import (
+    compute_metrics,
+    infra_failure_problem,
+    pass_at_k,
+    rollout_metrics,
+    scenario_goal_completion,
+)
 from loop.trajectory import Trajectory
 
 
@@ -85,3 +92,38 @@ def test_behaviour_and_difficulty_breakdown() -> None:
 def test_no_rollouts_is_an_error() -> None:
     with pytest.raises(ValueError, match="no rollouts"):
         compute_metrics([])
+
+
+def test_training_reward_and_success_count_excluded_rollouts_as_zero() -> None:
+    group = [
+        traj("t_1", 0, True, reward=1.0),
+        traj("t_1", 1, False, reward=0.0),
+        traj("t_1", 2, False, reward=0.5),
+        traj("t_1", 3, False, reward=None, status="env_error"),
+    ]
+    group[3].reward = None
+    credit = assign_credit([group], method="loo", reward="fraction", threshold=0.01)
+    kept = [True, True, False, False]  # after any top-up: what is trained on
+    m = rollout_metrics([group], credit, 0, [], kept)
+    assert m["rollout/reward_mean"] == pytest.approx(1.5 / 4)  # the excluded one counts as 0
+    assert m["rollout/reward_mean_scored"] == pytest.approx(1.5 / 3)
+    assert m["rollout/success_rate"] == pytest.approx(1 / 4)
+    assert m["rollout/success_rate_scored"] == pytest.approx(1 / 3)
+    assert m["rollout/infra_failure_share"] == pytest.approx(1 / 4)
+    assert m["rollout/kept"] == 2 and m["rollout/filtered_fraction"] == pytest.approx(1 / 3)
+
+
+def test_too_many_infrastructure_failures_stop_the_run_naming_the_statuses() -> None:
+    metrics = {
+        "rollout/infra_failure_share": 0.75,
+        "rollout/status/ok": 1.0,
+        "rollout/status/env_error": 2.0,
+        "rollout/status/generator_error": 1.0,
+    }
+    assert infra_failure_problem(metrics, 0.8) is None
+    assert infra_failure_problem(metrics, None) is None
+    assert infra_failure_problem(metrics, 0.5) == (
+        "75% of the iteration's rollouts failed for infrastructure reasons (env_error 2, "
+        "generator_error 1), more than train.max_infra_failure_share=0.5: fix the cause before "
+        "training on"
+    )

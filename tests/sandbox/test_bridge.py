@@ -109,3 +109,64 @@ def test_close_is_idempotent_and_removes_the_socket(tmp_path: Path) -> None:
     bridge.close()
     bridge.close()
     assert not (tmp_path / "b.sock").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        '{"song_id": 1180591620717411303424}',  # 2**70, past SQLite's int64
+        '{"amount": NaN}',
+        '{"amount": -Infinity}',
+        '{"query": "\\ud800"}',  # a lone surrogate cannot be encoded as UTF-8
+        '{"extra": ' + "[" * 600 + "]" * 600 + "}",
+        '{"ids": [' + ",".join(["1"] * 10_001) + "]}",
+    ],
+    ids=["int-2**70", "nan", "-inf", "lone-surrogate", "600-deep", "10001-items"],
+)
+def test_extreme_arguments_get_422_and_never_reach_the_handler(tmp_path: Path, kwargs: str) -> None:
+    bridge = BridgeServer(tmp_path / "b.sock", handler)  # the default 1 MB request limit
+    try:
+        line = ('{"id": 1, "app": "calc", "api": "add", "kwargs": ' + kwargs + "}").encode()
+        [reply] = ask(bridge, line)
+        assert reply["status"] == 422 and "invalid arguments to calc.add" in reply["error"]
+        assert bridge.calls == 0
+    finally:
+        bridge.close()
+
+
+def test_deeply_nested_line_gets_an_error_and_the_bridge_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    bridge = BridgeServer(tmp_path / "b.sock", handler)
+    try:
+        [reply] = ask(bridge, b"[" * 100_000)
+        assert reply["status"] == 400 and "malformed" in reply["error"]
+        [reply] = ask(bridge, b'{"id": ' + b"[" * 900 + b"]" * 900 + b', "app": "x"}')
+        assert reply["status"] == 400 and reply["id"] is None
+        assert ask(bridge, request("calc", "add", a=1, b=1))[0]["result"] == 2
+    finally:
+        bridge.close()
+
+
+def test_a_connection_error_never_stops_the_server(
+    server: BridgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(line: bytes) -> dict[str, Any]:
+        raise MemoryError("a reply could not be built")
+
+    monkeypatch.setattr(server, "answer", broken)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(server.path))
+        sock.sendall(request("calc", "add", a=1, b=1) + b"\n")
+        assert sock.makefile("rb").readline() == b""  # only this connection is dropped
+    monkeypatch.undo()
+    assert ask(server, request("calc", "add", a=2, b=2))[0]["result"] == 4
+
+
+def test_calls_are_refused_and_counted_while_not_serving(server: BridgeServer) -> None:
+    server.serving = False
+    [reply] = ask(server, request("calc", "add", a=1, b=1))
+    assert reply["status"] == 409 and "only while a cell runs" in reply["error"]
+    assert (server.calls, server.refused) == (0, 1)
+    server.serving = True
+    assert ask(server, request("calc", "add", a=1, b=1))[0]["result"] == 2

@@ -9,6 +9,7 @@ import pytest
 
 from tasks.apptown import AppTownSuite
 from tasks.apptown.grading import Grader, StateDiff, answers_match
+from tasks.apptown.inprocess import run_in_process
 from tasks.apptown.world import World
 from tasks.core import TestReport, TestResult
 
@@ -42,7 +43,7 @@ def test_collateral_check_names_what_changed(world: World) -> None:
     message = grader.results[-1].message
     assert "payments_accounts#7 updated (balance:" in message and "-> 0" in message
     grader = Grader("t_1", world.template, db, None, False)
-    assert grader.check_no_other_changes({"payments_accounts": [7]})
+    assert grader.check_no_other_changes({"payments_accounts": {7: ("balance",)}})
 
 
 @pytest.mark.parametrize(
@@ -83,3 +84,27 @@ def test_unanswered_question_fails_with_a_reason(suite: AppTownSuite) -> None:
     answer = report.tests[0]
     assert not answer.passed and answer.message == "complete_task was never called"
     assert report.reward == 0.5
+
+
+def test_collateral_allowances_are_per_column(world: World) -> None:
+    db = world.template.fork()
+    db.execute("UPDATE payments_accounts SET balance = 0 WHERE id = 7")
+    only_balance = {"payments_accounts": {7: ("balance",)}}
+    assert Grader("t_1", world.template, db, None, False).check_no_other_changes(only_balance)
+    db.execute("UPDATE payments_accounts SET person_id = -7 WHERE id = 7")
+    grader = Grader("t_1", world.template, db, None, False)
+    assert not grader.check_no_other_changes(only_balance)
+    assert "payments_accounts#7 updated" in grader.results[-1].message
+    named_as_added = {"payments_accounts": [7]}  # a list allows adding or removing, not updating
+    assert not Grader("t_1", world.template, db, None, False).check_no_other_changes(named_as_added)
+
+
+def test_gold_plus_renaming_the_contact_fails_the_collateral_check(suite: AppTownSuite) -> None:
+    task = suite.task("phone_update_contact_email_1")
+    cells = suite.gold_solution(task)
+    tamper = (
+        'apis.phone.update_contact(contact_id=contact["contact_id"], first_name="Zed", '
+        "relationships=[])"
+    )
+    report = run_in_process(suite, task, [*cells[:-1], tamper, cells[-1]]).report
+    assert [t.name for t in report.tests if not t.passed] == ["no_collateral_changes"], report

@@ -125,3 +125,26 @@ def test_observation_says_when_a_cell_timed_out_or_the_kernel_crashed() -> None:
     assert "crashed" in format_observation(result(crashed=True, error="KernelDied: x"))
     failed = format_observation(result(output="Traceback ...", error="KeyError: 'a'"))
     assert failed == "Execution failed.\nTraceback ..."
+
+
+def test_an_episode_past_its_call_budget_gets_429_and_the_record_stays_bounded(
+    suite: AppTownSuite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tasks.apptown.env as apptown_env
+    from sandbox import ApiError
+
+    class NoKernel:
+        def __init__(self) -> None:
+            self.handler_errors: list[str] = []
+
+        def set_handler(self, handler: Any) -> None:
+            pass
+
+    monkeypatch.setattr(apptown_env, "MAX_CALLS", 3)
+    env = suite.make_env(suite.task("payments_balance_1"), NoKernel())  # type: ignore[arg-type]
+    env.reset()
+    for _ in range(3):
+        env.handle("supervisor", "show_profile", {})
+    with pytest.raises(ApiError, match="429: this episode has made its 3 API calls"):
+        env.handle("supervisor", "show_profile", {})
+    assert len(env.api_calls) == 3

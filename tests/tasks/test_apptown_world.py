@@ -6,6 +6,8 @@ Run: python -m pytest tests/tasks/test_apptown_world.py -q
 from __future__ import annotations
 
 import time
+import types
+import typing
 from typing import Any
 
 import pytest
@@ -185,3 +187,61 @@ def test_api_docs_are_generated_from_the_definitions(world: World) -> None:
     limit = next(p for p in doc["parameters"] if p["name"] == "page_limit")
     assert (limit["type"], limit["default"], limit["maximum"]) == ("integer", 5, MAX_PAGE_LIMIT)
     assert doc["response_schemas"]["success"][0]["relationships"] == ["string"]
+
+
+@pytest.mark.parametrize(
+    ("app", "api", "kwargs"),
+    [
+        ("music", "show_song", {"song_id": 2**70}),
+        ("payments", "send_money", {"receiver_email": "x@y.z", "amount": float("nan"),
+                                    "description": "nan"}),
+        ("phone", "search_contacts", {"query": "\ud800"}),
+        ("supervisor", "show_profile", {"extra": [[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]}),
+    ],
+    ids=["int-2**70", "nan-amount", "lone-surrogate", "deep-nesting"],
+)  # fmt: skip
+def test_extreme_arguments_are_422_never_an_internal_error(
+    world: World, app: str, api: str, kwargs: dict[str, Any]
+) -> None:
+    error = _error(_server(world), app, api, kwargs)
+    assert error.status == 422 and "Invalid arguments" in error.message, error
+
+
+def test_a_page_past_sqlites_range_is_empty_not_an_error(world: World) -> None:
+    assert _server(world).call("music", "show_playlists", {"page_index": 10**18}) == []
+
+
+def test_a_string_too_long_for_sqlite_is_422(world: World) -> None:
+    error = _error(_server(world), "phone", "search_contacts", {"query": "x" * 900_000})
+    assert error.status == 422 and "at most 10000 characters" in error.message
+
+
+def _extremes(tp: Any) -> list[Any]:
+    """Type-valid values at the edges of what JSON, Python and SQLite hold."""
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return [v for t in typing.get_args(tp) for v in _extremes(t)]
+    if typing.get_origin(tp) is list:
+        return [[], _extremes(typing.get_args(tp)[0])[:3]]
+    return {
+        int: [0, -1, 2**63 - 1, -(2**63), 10**12],
+        float: [0.0, 1e308, -1e308, 1e-300],
+        str: ["", "x" * 10_000, "%", "'", "\x00", "2024-99-99", "9999-12-31T23:59:59"],
+        bool: [True, False],
+    }.get(tp, [None, 1, "x", [1], {"a": 1}])
+
+
+def test_no_api_fails_internally_on_extreme_valid_arguments(world: World) -> None:
+    failures = []
+    for app in APPS.values():
+        for spec in app.apis.values():
+            for param in spec.params:
+                for value in _extremes(param.type):
+                    kwargs = {p.name: _extremes(p.type)[0] for p in spec.params if p.required}
+                    try:
+                        _server(world).call(app.name, spec.name, {**kwargs, param.name: value})
+                    except AppError:
+                        pass  # an error the agent reads: its own
+                    except Exception as exc:
+                        call = f"{app.name}.{spec.name}({param.name}={value!r:.30})"
+                        failures.append(f"{call}: {type(exc).__name__}: {exc}")
+    assert not failures, "\n".join(failures)

@@ -11,6 +11,7 @@ from tasks.apptown.scenario import (
     Scenario,
     Variant,
     add_email,
+    columns,
     days_ago,
     ids,
     login_cell,
@@ -207,7 +208,7 @@ class TodoCompleteOverdue(Scenario):
             not missed,
             f"still open: {missed}",
         )
-        g.check_no_other_changes({"todo_items": ids(due)})
+        g.check_no_other_changes({"todo_items": columns(due, "is_completed", "completed_at")})
 
 
 class TodoRequestLentMoney(Scenario):
@@ -292,4 +293,9 @@ class TodoRequestLentMoney(Scenario):
             all(i["id"] in done for i in items),
             f"still open: {[i['title'] for i in items if i['id'] not in done]}",
         )
-        g.check_no_other_changes({"payments_requests": ids(new), "todo_items": ids(items)})
+        g.check_no_other_changes(
+            {
+                "payments_requests": ids(new),
+                "todo_items": columns(items, "is_completed", "completed_at"),
+            }
+        )

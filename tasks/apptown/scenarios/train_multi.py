@@ -9,6 +9,7 @@ from tasks.apptown.grading import Grader
 from tasks.apptown.scenario import (
     Scenario,
     Variant,
+    columns,
     contacts_with,
     days_ago,
     ids,
@@ -121,7 +122,7 @@ class PaymentsRemindRoommates(Scenario):
             not missed,
             f"requests not reminded: {missed}",
         )
-        g.check_no_other_changes({"payments_requests": ids(due)})
+        g.check_no_other_changes({"payments_requests": columns(due, "reminded_at")})
 
 
 class PaymentsLikeRoommateTransactions(Scenario):
