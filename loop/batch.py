@@ -35,6 +35,10 @@ class Sample:
     truncated: bool = False
     old_logprobs: Tensor | None = None  # float32, set by the learner's recompute step
     source: int = -1  # the rollout's position in its iteration (to write its log-probs back)
+    reward: float = 0.0  # the rollout's training reward (the learned-critic methods' outcome)
+    old_values: Tensor | None = None  # float32 V(s_t), set by the recompute step with a critic
+    returns: Tensor | None = None  # float32 value targets, set with the GAE advantages
+    ref_logprobs: Tensor | None = None  # float32 log-probs with the LoRA adapter disabled
 
     @property
     def num_output_tokens(self) -> int:
@@ -43,7 +47,11 @@ class Sample:
 
 
 def make_sample(
-    traj: Trajectory, turn_advantages: Sequence[float], max_seq_len: int, source: int = -1
+    traj: Trajectory,
+    turn_advantages: Sequence[float],
+    max_seq_len: int,
+    source: int = -1,
+    reward: float = 0.0,
 ) -> Sample:
     """A `Sample` of `traj` whose turn t's output tokens carry `turn_advantages[t]`.
 
@@ -67,7 +75,9 @@ def make_sample(
     turn_ids[~is_output] = -1
     advantages[~is_output] = 0.0
     truncated = len(traj.tokens) > length
-    return Sample(tokens, is_output, sampler, turn_ids, advantages, truncated, source=source)
+    return Sample(
+        tokens, is_output, sampler, turn_ids, advantages, truncated, source=source, reward=reward
+    )
 
 
 @dataclass
@@ -81,6 +91,9 @@ class Batch:
     turn_ids: Tensor
     old_logprobs: Tensor | None
     sampler_logprobs: Tensor
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
+    ref_logprobs: Tensor | None = None
 
 
 def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Batch:
@@ -99,15 +112,19 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Bat
 
     lengths = torch.tensor([len(s.tokens) for s in samples])
     attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long().to(device)
-    old = None
-    if all(s.old_logprobs is not None for s in samples):
-        old = pad("old_logprobs", 0.0)
+
+    def pad_if_set(name: str) -> Tensor | None:
+        return pad(name, 0.0) if all(getattr(s, name) is not None for s in samples) else None
+
     return Batch(
         input_ids=pad("tokens", pad_id),
         attention_mask=attention_mask,
         is_output=pad("is_output", False),
         advantages=pad("advantages", 0.0),
         turn_ids=pad("turn_ids", -1),
-        old_logprobs=old,
+        old_logprobs=pad_if_set("old_logprobs"),
         sampler_logprobs=pad("sampler_logprobs", math.nan),
+        old_values=pad_if_set("old_values"),
+        returns=pad_if_set("returns"),
+        ref_logprobs=pad_if_set("ref_logprobs"),
     )

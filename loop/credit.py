@@ -8,11 +8,15 @@ by |A|, and unpack. Rollouts that failed for an infrastructure reason, or were n
 `turn_rewards` is the one named per-turn reward used by the turn-level (MT-GRPO) estimator: a
 turn earns 1.0 when its code ran without an error, a timeout or a crash and every API call it
 made succeeded; 0.0 otherwise (including a turn with no code).
+
+The learned-critic methods (`gae`, `verlog`) need no group: every scored rollout is kept, its
+turn advantages stay 0 here, and the per-token advantages come later from the value head's
+predictions (loop/critic.py `assign_gae`), with the reward recorded in `Credit.rewards`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +41,7 @@ class Credit:
     present: list[bool]  # scored and not an infrastructure failure
     groups_dropped: int  # groups left with fewer survivors than the estimator needs
     excluded: int  # rollouts not present
+    rewards: list[float] = field(default_factory=list)  # each rollout's training reward
 
 
 def rollout_reward(traj: Trajectory, kind: str) -> float:
@@ -97,6 +102,10 @@ def assign_credit(
             adv = compute_reinforce_advantages(rewards, present)
         elif method == "filter":
             adv = compute_filter_advantages(rewards, present, threshold=return_threshold)
+        elif method in ("gae", "verlog"):  # per token, from the critic, after this step
+            adv = compute_reinforce_advantages(rewards, present)
+            adv = adv._replace(advantages=torch.zeros_like(adv.advantages))
+            threshold = 0.0  # nothing to filter on yet: every scored rollout is trained
         else:
             raise ValueError(f"unknown advantage estimator {method!r}")
         valid, kept_groups = adv.valid, adv.kept_groups
@@ -112,4 +121,5 @@ def assign_credit(
             credit.keep.append(bool(keep[g, k]))
             credit.present.append(bool(present[g, k]))
             credit.excluded += not bool(present[g, k])
+            credit.rewards.append(float(rewards[g, k]))
     return credit

@@ -14,7 +14,9 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
   ([C]'s penalties default to 0).
 - Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
   normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
-  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline). Rollouts that
+  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline), `gae` and
+  `verlog` (per-token GAE / Verlog's dual-discount GAE from a value head on the same model,
+  loop/critic.py: [P]'s "PPO (learned critic)" baseline, which [C] lacks). Rollouts that
   failed for an infrastructure reason are excluded and the group is re-baselined over the
   survivors; a group with fewer than 2 is dropped; both are counted (our addition: [C] has no
   infrastructure statuses).
@@ -37,6 +39,8 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
   skipped when |k1| of the minibatch exceeds 20 ([C]); a non-finite loss skips the step and the
   iteration, and the run aborts after 20 of them ([C]).
 - KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]).
+  `kl_coef` > 0 adds GRPO's k3 penalty to the reference, the same LoRA model with its adapter
+  disabled ([P]'s "GRPO" row; its coefficient is unstated, [C] has none).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
   generator samples with the training model itself; `vllm` gets the new adapter after every
@@ -69,6 +73,7 @@ from loop import checkpoint, distributed
 from loop.batch import Sample, make_sample
 from loop.config import ConfigError, RunConfig, TrainConfig, load_config
 from loop.credit import Credit, assign_credit, rollout_reward
+from loop.critic import CRITIC_ADVANTAGES, assign_gae, build_critic
 from loop.evaluation import run_evaluation
 from loop.learner import Learner, LearnStats
 from loop.metrics import rollout_metrics
@@ -149,6 +154,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
         metrics |= learner.recompute_old_logprobs(samples)
         check_parity(metrics, cfg)
+        metrics |= assign_gae(samples, config)  # gae / verlog: per-token, from the old values
         # 5. Epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
         stats = learn(learner, samples, cfg, iteration, config.seed, show_progress)
         metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}
@@ -219,6 +225,8 @@ def check_trainable(config: RunConfig) -> None:
         )
     if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
+    if config.train.advantage in CRITIC_ADVANTAGES and distributed.world_size() > 1:
+        raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
 
 
 def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:
@@ -244,6 +252,7 @@ def build_learner(config: RunConfig, policy: Any) -> Learner:
         micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
         kl_threshold=cfg.kl_threshold, max_nan_steps=cfg.max_nan_steps,
         temperature=config.agent.temperature, logprob_chunk_size=cfg.logprob_chunk_size,
+        critic=build_critic(config, policy), kl_coef=cfg.kl_coef,
     )  # fmt: skip
 
 
@@ -387,7 +396,7 @@ def select_samples(
             weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: credit.magnitude[i])
             keep[weakest] = False
     samples = [
-        make_sample(traj, credit.turn_advantages[i], max_seq_len, source=i)
+        make_sample(traj, credit.turn_advantages[i], max_seq_len, i, credit.rewards[i])
         for i, traj in enumerate(flat)
         if keep[i]
     ]
@@ -423,7 +432,7 @@ def learn(
     progress = _progress(steps, f"iter {iteration} learn", show_progress, unit="step")
     learner.on_step = lambda: progress.update(1)
     try:
-        return learner.learn(samples, seed=seed * 7919 + iteration)
+        return learner.learn(samples, seed=seed * 7919 + iteration, iteration=iteration)
     finally:
         progress.close()
 

@@ -1,0 +1,207 @@
+"""The learned critic of the PPO baselines: a value head on the one policy model, and its GAE step.
+
+The LOOP paper's "PPO (learned critic)" row ([P] App. C) and Verlog (paper 000) train a value
+function next to the policy. Here it is a small MLP on the policy's last hidden state (no second
+LLM: one model copy, as for every method of this trainer):
+
+- `ValueHead`: H -> w1 -> w2 -> 1 with ReLU, the paper's 3-layer head (5120 -> 3072 -> 2048 -> 1
+  on Qwen2.5-32B, i.e. widths 3/5 and 2/5 of the hidden size, the default here). It reads the
+  hidden state through `detach()` unless `critic.grad_to_body` is set: [P] found value
+  gradients in the LoRA weights destabilising. Its last layer starts at zero (V = 0 until it
+  learns), so the first advantages are the plain returns rather than noise.
+- Values come from the same forward pass as the log-probs (loop/logprobs.py
+  `values_from_hidden`), chunked like them, so the head adds no vocabulary-sized tensor.
+- `Critic`: the head, its own AdamW (the policy's optimizer and its sharded state stay as they
+  are) and the value-loss settings; the learner calls it. The head and its optimizer are saved
+  in the trainer state of every checkpoint and restored on resume.
+- `value_coef`: the value loss coefficient decays linearly from `coef` to `coef_final` over
+  `coef_decay_iterations` ([P]: 0.1 -> 0.001 over 200 iterations).
+- `first_token_weights`: Verlog weighs the first token of each turn more in the value loss
+  (App. B.3.2: its value bootstraps the previous turn).
+- `assign_gae`: after the learner's no-grad pass has set each sample's old values, per-token
+  advantages and value targets by GAE (`advantage: gae`, [P]'s gamma = lambda = 1) or Verlog's
+  dual-discount GAE (`advantage: verlog`), with the rollout's reward on its last output token.
+  Every rollout is scored at the end of its episode (the unit tests run even at the turn
+  limit), so no bootstrap value is needed here: the pure functions take one for truncated
+  rollouts, which Verlog's fixed-turn batching would produce (not built).
+- Critic warm-up ([P]: 10 iterations; Verlog App. B.3.3): for the first `warmup_iterations`
+  iterations the actor is frozen and only the value head learns, on each iteration's rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from loop.gae import compute_dual_discount_gae, compute_gae
+
+CRITIC_ADVANTAGES = ("gae", "verlog")  # train.advantage values that need the value head
+PAPER_WIDTH_FRACTIONS = (3 / 5, 2 / 5)  # [P]'s head on a 5120-wide model: 3072, 2048
+
+
+class ValueHead(nn.Module):
+    """A 3-layer ReLU MLP from a hidden state to a scalar value: (N, H) -> (N,)."""
+
+    def __init__(self, hidden_size: int, widths: Sequence[int]):
+        super().__init__()
+        if len(widths) != 2 or min(widths) < 1:
+            raise ValueError(f"the value head needs two hidden widths >= 1, got {list(widths)}")
+        self.net = nn.Sequential(
+            nn.Linear(hidden_size, widths[0]),
+            nn.ReLU(),
+            nn.Linear(widths[0], widths[1]),
+            nn.ReLU(),
+            nn.Linear(widths[1], 1),
+        )
+        last = self.net[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden: (N, H) in any float dtype -> (N,) float32 values."""
+        first = self.net[0]
+        assert isinstance(first, nn.Linear)
+        return self.net(hidden.to(first.weight.dtype)).squeeze(-1)
+
+
+def head_widths(hidden_size: int, widths: Sequence[int]) -> tuple[int, int]:
+    """The configured widths, or [P]'s proportions of the model's hidden size when empty."""
+    if widths:
+        if len(widths) != 2:
+            raise ValueError(f"critic.hidden_sizes: two widths, got {list(widths)}")
+        return int(widths[0]), int(widths[1])
+    return tuple(max(1, round(hidden_size * f)) for f in PAPER_WIDTH_FRACTIONS)  # type: ignore[return-value]
+
+
+def value_coef(iteration: int, *, coef: float, coef_final: float, decay_iterations: int) -> float:
+    """Linear decay from `coef` at iteration 0 to `coef_final` at `decay_iterations`, then flat."""
+    if decay_iterations <= 0:
+        return coef_final
+    progress = min(max(iteration, 0) / decay_iterations, 1.0)
+    return coef + (coef_final - coef) * progress
+
+
+def first_token_weights(turn_ids: Tensor, mask: Tensor, weight: float) -> Tensor:
+    """Value-loss weights: `weight` at the first output token of each turn, 1 at the others.
+
+    turn_ids: (B, T) int64 (-1 off the mask).   mask: (B, T) bool.   Returns (B, T) float32,
+    0 off the mask. A turn's output tokens are contiguous, so its first one is where the turn
+    id differs from the previous position's.
+    """
+    previous = torch.cat([torch.full_like(turn_ids[:, :1], -1), turn_ids[:, :-1]], dim=1)
+    first = mask & (turn_ids != previous)
+    weights = torch.where(first, weight, 1.0).to(torch.float32)
+    return torch.where(mask, weights, 0.0)
+
+
+class Critic:
+    """The value head, its optimizer and the value-loss settings the learner uses."""
+
+    def __init__(
+        self,
+        head: ValueHead,
+        *,
+        lr: float,
+        clip_eps: float | None = 0.2,
+        coef: float = 0.1,
+        coef_final: float = 0.001,
+        coef_decay_iterations: int = 200,
+        grad_to_body: bool = False,
+        first_token_weight: float = 1.0,
+        max_grad_norm: float = 1.0,
+        warmup_iterations: int = 0,
+    ):
+        self.head = head
+        self.optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+        self.clip_eps, self.grad_to_body = clip_eps, grad_to_body
+        self.coef, self.coef_final, self.coef_decay_iterations = (
+            coef,
+            coef_final,
+            coef_decay_iterations,
+        )
+        self.first_token_weight, self.max_grad_norm = first_token_weight, max_grad_norm
+        self.warmup_iterations = warmup_iterations
+
+    def coef_at(self, iteration: int) -> float:
+        """The value loss coefficient of `iteration`."""
+        return value_coef(
+            iteration, coef=self.coef, coef_final=self.coef_final,
+            decay_iterations=self.coef_decay_iterations,
+        )  # fmt: skip
+
+    def actor_frozen(self, iteration: int) -> bool:
+        """True during the critic warm-up: only the value head learns."""
+        return iteration < self.warmup_iterations
+
+    def state_dict(self) -> dict[str, Any]:
+        """The head's weights and its optimizer (saved with the learner's state)."""
+        return {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def build_critic(config: Any, policy: Any) -> Critic | None:
+    """The run's critic (a value head on `policy`), or None when the advantage needs none."""
+    cfg, train = config.critic, config.train
+    if train.advantage not in CRITIC_ADVANTAGES:
+        return None
+    hidden = int(policy.model.config.hidden_size)
+    head = ValueHead(hidden, head_widths(hidden, cfg.hidden_sizes)).to(policy.device)
+    return Critic(
+        head, lr=cfg.lr if cfg.lr is not None else train.lr, clip_eps=cfg.clip_eps,
+        coef=cfg.coef, coef_final=cfg.coef_final, coef_decay_iterations=cfg.coef_decay_iterations,
+        grad_to_body=cfg.grad_to_body, first_token_weight=cfg.first_token_weight,
+        max_grad_norm=cfg.max_grad_norm, warmup_iterations=cfg.warmup_iterations,
+    )  # fmt: skip
+
+
+def assign_gae(samples: Sequence[Any], config: Any) -> dict[str, float]:
+    """Per-token advantages and value targets of `samples` from their old values (in place).
+
+    samples: loop.batch.Sample with `old_values` set (the learner's no-grad pass) and `reward`.
+    Returns `critic/*` metrics. A no-op for advantages that need no critic.
+    """
+    cfg, method = config.critic, config.train.advantage
+    if method not in CRITIC_ADVANTAGES or not samples:
+        return {}
+    advantages, values, returns = [], [], []
+    for sample in samples:
+        if sample.old_values is None:
+            raise ValueError("assign_gae needs old values: run the learner's recompute first")
+        mask = sample.is_output[None]
+        rewards = torch.zeros(mask.shape, dtype=torch.float64)
+        outputs = sample.is_output.nonzero().flatten()
+        if len(outputs):
+            rewards[0, outputs[-1]] = sample.reward  # the outcome, on the last sampled token
+        old = sample.old_values[None].double()
+        if method == "gae":
+            out = compute_gae(rewards, old, mask, gamma=cfg.gamma, lam=cfg.lam)
+        else:
+            out = compute_dual_discount_gae(
+                rewards, old, mask, sample.turn_ids[None], gamma_token=cfg.gamma_token,
+                lambda_token=cfg.lambda_token, gamma_step=cfg.gamma_step,
+                lambda_step=cfg.lambda_step,
+            )  # fmt: skip
+        sample.advantages = out.advantages[0].float()
+        sample.returns = out.returns[0].float()
+        advantages.append(out.advantages[0][sample.is_output])
+        values.append(old[0][sample.is_output])
+        returns.append(out.returns[0][sample.is_output])
+    adv, val, ret = torch.cat(advantages), torch.cat(values), torch.cat(returns)
+    explained = 1 - float(
+        (ret - val).var(unbiased=False) / ret.var(unbiased=False).clamp(min=1e-12)
+    )
+    return {
+        "critic/value_mean": float(val.mean()) if len(val) else 0.0,
+        "critic/return_mean": float(ret.mean()) if len(ret) else 0.0,
+        "critic/advantage_mean": float(adv.mean()) if len(adv) else 0.0,
+        "critic/advantage_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
+        "critic/explained_variance": explained if len(ret) > 1 else 0.0,
+    }
