@@ -152,6 +152,7 @@ class CriticConfig:
     hidden_sizes: list[int] = field(default_factory=list)  # MLP widths; []: 3/5, 2/5 of hidden
     lr: float | None = None  # AdamW of the head (None: train.lr)
     clip_eps: float | None = 0.2  # value clipping around the old value (None: unclipped)
+    value_range: list[float] = field(default_factory=list)  # clamp V to [lo, hi] ([P]: 0, 1)
     coef: float = 0.1  # value loss coefficient at iteration 0 ([P]: 0.1)
     coef_final: float = 0.001  # ... decayed linearly to this ([P]: 0.001)
     coef_decay_iterations: int = 200  # ... over this many iterations ([P]: 200)
@@ -450,6 +451,9 @@ def _check_critic_and_kl(config: RunConfig) -> None:
         raise ConfigError(f"critic.clip_eps: must be > 0 or null, got {critic.clip_eps}")
     if min(critic.coef, critic.coef_final, critic.first_token_weight) < 0:
         raise ConfigError("critic.coef, coef_final and first_token_weight must be >= 0")
+    if critic.value_range and (len(critic.value_range) != 2 or
+                               critic.value_range[0] >= critic.value_range[1]):  # fmt: skip
+        raise ConfigError(f"critic.value_range: [low, high], got {critic.value_range}")
     if critic.warmup_iterations < 0 or critic.coef_decay_iterations < 0:
         raise ConfigError("critic.warmup_iterations and coef_decay_iterations must be >= 0")
 

@@ -24,6 +24,7 @@ LLM: one model copy, as for every method of this trainer):
   Every rollout is scored at the end of its episode (the unit tests run even at the turn
   limit), so no bootstrap value is needed here: the pure functions take one for truncated
   rollouts, which Verlog's fixed-turn batching would produce (not built).
+- `value_range`: [P] clipped the value predictions to [0, 1], the reward's range.
 - Critic warm-up ([P]: 10 iterations; Verlog App. B.3.3): for the first `warmup_iterations`
   iterations the actor is frozen and only the value head learns, on each iteration's rollouts.
 """
@@ -114,6 +115,7 @@ class Critic:
         first_token_weight: float = 1.0,
         max_grad_norm: float = 1.0,
         warmup_iterations: int = 0,
+        value_range: tuple[float, float] | None = None,
     ):
         self.head = head
         self.optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
@@ -125,6 +127,13 @@ class Critic:
         )
         self.first_token_weight, self.max_grad_norm = first_token_weight, max_grad_norm
         self.warmup_iterations = warmup_iterations
+        self.value_range = value_range
+
+    def clamp(self, values: Tensor) -> Tensor:
+        """Predictions clamped to `value_range` ([P]: [0, 1], the range of the reward)."""
+        if self.value_range is None:
+            return values
+        return values.clamp(self.value_range[0], self.value_range[1])
 
     def coef_at(self, iteration: int) -> float:
         """The value loss coefficient of `iteration`."""
@@ -159,6 +168,7 @@ def build_critic(config: Any, policy: Any) -> Critic | None:
         coef=cfg.coef, coef_final=cfg.coef_final, coef_decay_iterations=cfg.coef_decay_iterations,
         grad_to_body=cfg.grad_to_body, first_token_weight=cfg.first_token_weight,
         max_grad_norm=cfg.max_grad_norm, warmup_iterations=cfg.warmup_iterations,
+        value_range=(cfg.value_range[0], cfg.value_range[1]) if cfg.value_range else None,
     )  # fmt: skip
 
 

@@ -429,7 +429,8 @@ class Learner:
     def _values(self, hidden: Tensor) -> Tensor:
         assert self.critic is not None
         source = hidden if self.critic.grad_to_body else hidden.detach()
-        return values_from_hidden(self.critic.head, source, chunk_size=self.chunk_size)
+        values = values_from_hidden(self.critic.head, source, chunk_size=self.chunk_size)
+        return self.critic.clamp(values)
 
     def _reference_logprobs(self, batch: Batch) -> Tensor:
         """Log-probs of the base model: the same model with its LoRA adapter disabled."""

@@ -218,3 +218,13 @@ def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> N
     # Iteration 0's one step starts from B = 0: the policy is the reference, k3 = 0 exactly.
     assert records[0]["loss/kl_ref"] == 0.0
     assert records[1]["loss/kl_ref"] > 0.0  # after one step the adapter has moved
+
+
+def test_value_range_clamps_the_predictions() -> None:
+    head = ValueHead(4, (3, 2))
+    torch.nn.init.constant_(head.net[-1].bias, 2.0)  # type: ignore[arg-type]
+    critic = Critic(head, lr=1e-3, value_range=(0.0, 1.0))
+    assert critic.clamp(torch.tensor([-0.5, 0.25, 2.0])).tolist() == [0.0, 0.25, 1.0]
+    assert Critic(head, lr=1e-3).clamp(torch.tensor([2.0])).tolist() == [2.0]
+    with pytest.raises(ConfigError, match="value_range"):
+        load_config(None, ["critic.value_range=[1, 0]"])
