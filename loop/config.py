@@ -76,6 +76,7 @@ class AgentConfig:
     top_p: float = 1.0
     rollout_timeout_s: float = 3600.0  # wall time of one rollout (status "timeout")
     worked_example: bool = True  # show the suite's worked example in the prompt (the paper does)
+    memory_turns: int | None = None  # Verlog's memory: context + the last n turns (None: all)
 
 
 @dataclass
@@ -348,6 +349,8 @@ def _check_values(config: RunConfig) -> None:
         config.generator.base_url and config.generator.served_model
     ):
         raise ConfigError("generator.backend openai needs generator.base_url and served_model")
+    if config.agent.memory_turns is not None and config.agent.memory_turns < 1:
+        raise ConfigError(f"agent.memory_turns: must be >= 1, got {config.agent.memory_turns}")
     if config.agent.max_new_tokens >= config.agent.max_context_tokens:
         raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
     _check_train(config.train, warm_start=config.warm_start.source != "none")

@@ -176,42 +176,64 @@ def assign_gae(samples: Sequence[Any], config: Any) -> dict[str, float]:
     """Per-token advantages and value targets of `samples` from their old values (in place).
 
     samples: loop.batch.Sample with `old_values` set (the learner's no-grad pass) and `reward`.
-    Returns `critic/*` metrics. A no-op for advantages that need no critic.
+    The recursion runs over a whole episode: the samples of one rollout (one, or one per turn
+    with a memory window, ordered by turn) are joined on their output tokens, the reward sits
+    on the episode's last one. Returns `critic/*` metrics; a no-op for the other advantages.
     """
-    cfg, method = config.critic, config.train.advantage
-    if method not in CRITIC_ADVANTAGES or not samples:
+    if config.train.advantage not in CRITIC_ADVANTAGES or not samples:
         return {}
-    advantages, values, returns = [], [], []
-    for sample in samples:
+    episodes: dict[Any, list[Any]] = {}
+    for index, sample in enumerate(samples):
         if sample.old_values is None:
             raise ValueError("assign_gae needs old values: run the learner's recompute first")
-        mask = sample.is_output[None]
-        rewards = torch.zeros(mask.shape, dtype=torch.float64)
-        outputs = sample.is_output.nonzero().flatten()
-        if len(outputs):
-            rewards[0, outputs[-1]] = sample.reward  # the outcome, on the last sampled token
-        old = sample.old_values[None].double()
-        if method == "gae":
-            out = compute_gae(rewards, old, mask, gamma=cfg.gamma, lam=cfg.lam)
-        else:
-            out = compute_dual_discount_gae(
-                rewards, old, mask, sample.turn_ids[None], gamma_token=cfg.gamma_token,
-                lambda_token=cfg.lambda_token, gamma_step=cfg.gamma_step,
-                lambda_step=cfg.lambda_step,
-            )  # fmt: skip
-        sample.advantages = out.advantages[0].float()
-        sample.returns = out.returns[0].float()
-        advantages.append(out.advantages[0][sample.is_output])
-        values.append(old[0][sample.is_output])
-        returns.append(out.returns[0][sample.is_output])
-    adv, val, ret = torch.cat(advantages), torch.cat(values), torch.cat(returns)
-    explained = 1 - float(
-        (ret - val).var(unbiased=False) / ret.var(unbiased=False).clamp(min=1e-12)
-    )
+        key = sample.source if sample.source >= 0 else ("alone", index)
+        episodes.setdefault(key, []).append(sample)
+    advantages, values, returns = [], [], []
+    for episode in episodes.values():
+        episode.sort(key=lambda s: s.turn)
+        out, old = _episode_gae(episode, config)
+        offset = 0
+        for sample in episode:  # split the episode's output tokens back into its samples
+            n = int(sample.is_output.sum())
+            adv = torch.zeros(len(sample.tokens), dtype=torch.float32)
+            ret = torch.zeros(len(sample.tokens), dtype=torch.float32)
+            adv[sample.is_output] = out.advantages[0, offset : offset + n].float()
+            ret[sample.is_output] = out.returns[0, offset : offset + n].float()
+            sample.advantages, sample.returns = adv, ret
+            offset += n
+        advantages.append(out.advantages[0])
+        values.append(old[0])
+        returns.append(out.returns[0])
+    return _gae_metrics(torch.cat(advantages), torch.cat(values), torch.cat(returns))
+
+
+def _episode_gae(episode: list[Any], config: Any) -> tuple[Any, Tensor]:
+    """GAE over the output tokens of one episode's samples: ((1, N) GAE, (1, N) old values)."""
+    cfg = config.critic
+    old = torch.cat([s.old_values[s.is_output] for s in episode]).double()[None]
+    turn_ids = torch.cat([s.turn_ids[s.is_output] for s in episode])[None]
+    mask = torch.ones(old.shape, dtype=torch.bool)
+    rewards = torch.zeros(old.shape, dtype=torch.float64)
+    if old.shape[1]:
+        rewards[0, -1] = episode[-1].reward  # the outcome, on the episode's last sampled token
+    if config.train.advantage == "gae":
+        return compute_gae(rewards, old, mask, gamma=cfg.gamma, lam=cfg.lam), old
+    out = compute_dual_discount_gae(
+        rewards, old, mask, turn_ids, gamma_token=cfg.gamma_token, lambda_token=cfg.lambda_token,
+        gamma_step=cfg.gamma_step, lambda_step=cfg.lambda_step,
+    )  # fmt: skip
+    return out, old
+
+
+def _gae_metrics(adv: Tensor, val: Tensor, ret: Tensor) -> dict[str, float]:
+    if not len(adv):
+        return {}
+    residual = (ret - val).var(unbiased=False)
+    explained = 1 - float(residual / ret.var(unbiased=False).clamp(min=1e-12))
     return {
-        "critic/value_mean": float(val.mean()) if len(val) else 0.0,
-        "critic/return_mean": float(ret.mean()) if len(ret) else 0.0,
-        "critic/advantage_mean": float(adv.mean()) if len(adv) else 0.0,
-        "critic/advantage_abs_mean": float(adv.abs().mean()) if len(adv) else 0.0,
+        "critic/value_mean": float(val.mean()),
+        "critic/return_mean": float(ret.mean()),
+        "critic/advantage_mean": float(adv.mean()),
+        "critic/advantage_abs_mean": float(adv.abs().mean()),
         "critic/explained_variance": explained if len(ret) > 1 else 0.0,
     }

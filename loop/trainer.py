@@ -70,7 +70,7 @@ import torch
 import yaml
 
 from loop import checkpoint, distributed
-from loop.batch import Sample, make_sample
+from loop.batch import Sample, make_samples
 from loop.config import ConfigError, RunConfig, TrainConfig, load_config
 from loop.credit import Credit, assign_credit, rollout_reward
 from loop.critic import CRITIC_ADVANTAGES, assign_gae, build_critic
@@ -225,8 +225,10 @@ def check_trainable(config: RunConfig) -> None:
         )
     if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
-    if config.train.advantage in CRITIC_ADVANTAGES and distributed.world_size() > 1:
-        raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
+    if distributed.world_size() > 1 and (
+        config.train.advantage in CRITIC_ADVANTAGES or config.agent.memory_turns is not None
+    ):
+        raise ConfigError("train.advantage gae/verlog and agent.memory_turns: one learner process")
 
 
 def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:
@@ -395,11 +397,11 @@ def select_samples(
         while sum(keep) % world:  # not enough rollouts to top up: drop the weakest kept
             weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: credit.magnitude[i])
             keep[weakest] = False
-    samples = [
-        make_sample(traj, credit.turn_advantages[i], max_seq_len, i, credit.rewards[i])
-        for i, traj in enumerate(flat)
-        if keep[i]
-    ]
+    samples = []
+    for i, traj in enumerate(flat):
+        if keep[i]:
+            advantages, reward = credit.turn_advantages[i], credit.rewards[i]
+            samples += make_samples(traj, advantages, max_seq_len, i, reward)
     samples = distributed.broadcast_object(samples)
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + iteration))
     shard = [samples[int(i)] for i in order][distributed.rank() :: world]
