@@ -156,6 +156,16 @@ class Critic:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+def check_one_process(config: Any, world_size: int) -> None:
+    """The value head and the memory window run in one learner process (not sharded yet)."""
+    from loop.config import ConfigError
+
+    if world_size > 1 and config.train.advantage in CRITIC_ADVANTAGES:
+        raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
+    if world_size > 1 and config.agent.memory_turns is not None:
+        raise ConfigError("agent.memory_turns: one learner process only")
+
+
 def build_critic(config: Any, policy: Any) -> Critic | None:
     """The run's critic (a value head on `policy`), or None when the advantage needs none."""
     cfg, train = config.critic, config.train

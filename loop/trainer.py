@@ -14,9 +14,8 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
   ([C]'s penalties default to 0).
 - Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
   normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
-  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline), `gae` and
-  `verlog` (per-token GAE / Verlog's dual-discount GAE from a value head on the same model,
-  loop/critic.py: [P]'s "PPO (learned critic)" baseline, which [C] lacks). Rollouts that
+  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline), `gae` /
+  `verlog` (GAE / dual-discount GAE from a value head, loop/critic.py). Rollouts that
   failed for an infrastructure reason are excluded and the group is re-baselined over the
   survivors; a group with fewer than 2 is dropped; both are counted (our addition: [C] has no
   infrastructure statuses).
@@ -32,15 +31,15 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
   `loss: reinforce` drops the clipping (RLOO when on-policy).
 - Mask: only tokens the policy sampled are trained, including its stop token; prompts,
   observations and chat-template glue are not ([C] section 1.3).
+- Context: the whole episode, or Verlog's window of the last `agent.memory_turns` turns.
 - Epochs and minibatches: 2 epochs of minibatches of 32 rollouts shuffled across tasks, one
   rollout per forward pass by default ([C]); `strictly_on_policy` runs one minibatch of
   everything (RLOO/GRPO mode).
 - Guards: global grad-norm clip at 0.1 ([C]; [P] says 1.0); the rest of an iteration is
   skipped when |k1| of the minibatch exceeds 20 ([C]); a non-finite loss skips the step and the
   iteration, and the run aborts after 20 of them ([C]).
-- KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]).
-  `kl_coef` > 0 adds GRPO's k3 penalty to the reference, the same LoRA model with its adapter
-  disabled ([P]'s "GRPO" row; its coefficient is unstated, [C] has none).
+- KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]);
+  `kl_coef` adds GRPO's k3 penalty to the base model (the LoRA adapter disabled).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
   generator samples with the training model itself; `vllm` gets the new adapter after every
@@ -73,7 +72,7 @@ from loop import checkpoint, distributed
 from loop.batch import Sample, make_samples
 from loop.config import ConfigError, RunConfig, TrainConfig, load_config
 from loop.credit import Credit, assign_credit, rollout_reward
-from loop.critic import CRITIC_ADVANTAGES, assign_gae, build_critic
+from loop.critic import assign_gae, build_critic, check_one_process
 from loop.evaluation import run_evaluation
 from loop.learner import Learner, LearnStats
 from loop.metrics import rollout_metrics
@@ -225,10 +224,7 @@ def check_trainable(config: RunConfig) -> None:
         )
     if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
-    if distributed.world_size() > 1 and (
-        config.train.advantage in CRITIC_ADVANTAGES or config.agent.memory_turns is not None
-    ):
-        raise ConfigError("train.advantage gae/verlog and agent.memory_turns: one learner process")
+    check_one_process(config, distributed.world_size())  # the value head, the memory window
 
 
 def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:

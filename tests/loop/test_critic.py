@@ -228,3 +228,13 @@ def test_value_range_clamps_the_predictions() -> None:
     assert Critic(head, lr=1e-3).clamp(torch.tensor([2.0])).tolist() == [2.0]
     with pytest.raises(ConfigError, match="value_range"):
         load_config(None, ["critic.value_range=[1, 0]"])
+
+
+def test_value_head_and_memory_window_refuse_several_learner_processes() -> None:
+    from loop.critic import check_one_process
+
+    check_one_process(load_config(None, ["train.advantage=gae"]), 1)
+    with pytest.raises(ConfigError, match=r"^train\.advantage gae: one learner process only$"):
+        check_one_process(load_config(None, ["train.advantage=gae"]), 4)
+    with pytest.raises(ConfigError, match=r"^agent\.memory_turns: one learner process only$"):
+        check_one_process(load_config(None, ["agent.memory_turns=2"]), 4)
