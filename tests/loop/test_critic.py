@@ -238,3 +238,30 @@ def test_value_head_and_memory_window_refuse_several_learner_processes() -> None
         check_one_process(load_config(None, ["train.advantage=gae"]), 4)
     with pytest.raises(ConfigError, match=r"^agent\.memory_turns: one learner process only$"):
         check_one_process(load_config(None, ["agent.memory_turns=2"]), 4)
+
+
+def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from loop.losses import clipped_value_loss
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            self.shapes += [tuple(t.shape) for t in tree_flatten(out)[0]
+                            if isinstance(t, torch.Tensor)]  # fmt: skip
+            return out
+
+    head = ValueHead(64, head_widths(64, []))  # 38, 26: no width equals the vocabulary (300)
+    hidden = torch.randn(1, 40, 64)
+    mask = torch.ones(1, 40, dtype=torch.bool)
+    with Shapes() as mode:
+        values = values_from_hidden(head, hidden, chunk_size=16)
+        clipped_value_loss(values, values.detach(), torch.ones(1, 40), mask).loss.sum().backward()
+    assert mode.shapes and not any(300 in shape for shape in mode.shapes)
+    assert max(torch.Size(s).numel() for s in mode.shapes) <= 40 * 64  # at most the hidden states
