@@ -182,13 +182,15 @@ def build_critic(config: Any, policy: Any) -> Critic | None:
     )  # fmt: skip
 
 
-def assign_gae(samples: Sequence[Any], config: Any) -> dict[str, float]:
+def assign_gae(samples: Sequence[Any], config: Any, credit: Any = None) -> dict[str, float]:
     """Per-token advantages and value targets of `samples` from their old values (in place).
 
     samples: loop.batch.Sample with `old_values` set (the learner's no-grad pass) and `reward`.
     The recursion runs over a whole episode: the samples of one rollout (one, or one per turn
     with a memory window, ordered by turn) are joined on their output tokens, the reward sits
-    on the episode's last one. Returns `critic/*` metrics; a no-op for the other advantages.
+    on the episode's last one. `credit` (loop.credit.Credit, optional) gets each turn's mean
+    advantage, for the rollouts file and the report. Returns `critic/*` metrics; a no-op for
+    the other advantages.
     """
     if config.train.advantage not in CRITIC_ADVANTAGES or not samples:
         return {}
@@ -211,10 +213,19 @@ def assign_gae(samples: Sequence[Any], config: Any) -> dict[str, float]:
             ret[sample.is_output] = out.returns[0, offset : offset + n].float()
             sample.advantages, sample.returns = adv, ret
             offset += n
+            if credit is not None and sample.source >= 0:
+                _record_turn_means(credit.turn_advantages[sample.source], sample)
         advantages.append(out.advantages[0])
         values.append(old[0])
         returns.append(out.returns[0])
     return _gae_metrics(torch.cat(advantages), torch.cat(values), torch.cat(returns))
+
+
+def _record_turn_means(turn_advantages: list[float], sample: Any) -> None:
+    """Write the mean advantage of each turn of `sample` into the rollout's per-turn list."""
+    for turn in sample.turn_ids[sample.is_output].unique().tolist():
+        if 0 <= turn < len(turn_advantages):
+            turn_advantages[turn] = float(sample.advantages[sample.turn_ids == turn].mean())
 
 
 def _episode_gae(episode: list[Any], config: Any) -> tuple[Any, Tensor]:

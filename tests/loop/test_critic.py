@@ -265,3 +265,14 @@ def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:
         clipped_value_loss(values, values.detach(), torch.ones(1, 40), mask).loss.sum().backward()
     assert mode.shapes and not any(300 in shape for shape in mode.shapes)
     assert max(torch.Size(s).numel() for s in mode.shapes) <= 40 * 64  # at most the hidden states
+
+
+def test_assign_gae_writes_each_turns_mean_advantage_to_the_credit() -> None:
+    from loop.credit import Credit
+
+    sample = _two_turn_sample(1.0)
+    sample.source = 0
+    credit = Credit([[0.0, 0.0]], [0.0], [True], [True], 0, 0, [1.0])
+    assign_gae([sample], load_config(None, ["train.advantage=gae"]), credit)
+    # A = R - V: turn 0 (0.8 + 0.6) / 2 = 0.7, turn 1 (0.5 + 0.4) / 2 = 0.45
+    assert credit.turn_advantages[0] == pytest.approx([0.7, 0.45])
