@@ -276,7 +276,9 @@ class Learner:
             clip_eps=self.critic.clip_eps, weights=weights,
         )  # fmt: skip
 
-    def _policy_loss(self, batch: Batch, logprobs: Tensor) -> PolicyLoss:
+    def _policy_loss(self, batch: Batch, logprobs: Tensor | None = None) -> PolicyLoss:
+        if logprobs is None:
+            logprobs = self._logprobs(batch, self._hidden(batch))
         mask = batch.is_output
         if self.loss == "cross_entropy":
             return cross_entropy_loss(logprobs, mask, old_logprobs=batch.old_logprobs)
