@@ -240,9 +240,13 @@ class Learner:
         stats.grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         return True
 
-    def _losses(self, batch: Batch) -> Losses:
-        """Policy loss, plus the value loss and the KL to the reference when they are on."""
+    def _losses(self, batch: Batch, *, warm_up: bool | None = None) -> Losses:
+        """Policy loss, plus the value loss and the KL to the reference when they are on.
+
+        warm_up: the actor frozen (no policy loss); None: as the critic's schedule says.
+        """
         frozen = self.critic is not None and self.critic.actor_frozen(self.iteration)
+        frozen = frozen if warm_up is None else warm_up
         if frozen:  # no gradient reaches the body: run it without building a graph
             with torch.no_grad():
                 hidden = self._hidden(batch)
@@ -316,7 +320,7 @@ class Learner:
         self.model.train()
         self._zero_grad()
         try:
-            out = self._losses(self._collate([sample]))
+            out = self._losses(self._collate([sample]), warm_up=False)  # every term: the peak
             out.total.sum().backward()
             return float(out.total.detach().sum())
         finally:

@@ -276,3 +276,12 @@ def test_assign_gae_writes_each_turns_mean_advantage_to_the_credit() -> None:
     assign_gae([sample], load_config(None, ["train.advantage=gae"]), credit)
     # A = R - V: turn 0 (0.8 + 0.6) / 2 = 0.7, turn 1 (0.5 + 0.4) / 2 = 0.45
     assert credit.turn_advantages[0] == pytest.approx([0.7, 0.45])
+
+
+def test_the_stress_test_runs_every_term_even_during_the_warm_up() -> None:
+    policy = synthetic_policy()
+    plain = Learner(policy, lr=1e-2, weight_decay=0.0).stress_test(64)
+    with_critic = _critic_learner(policy, warmup_iterations=5).stress_test(64)
+    # V = 0 (the head's last layer starts at zero), targets 1: value loss 1/2 (0 - 1)^2 = 0.5,
+    # times the coefficient 0.1: the policy loss plus 0.05, not the value loss alone.
+    assert with_critic == pytest.approx(plain + 0.05, abs=1e-6)
