@@ -9,6 +9,10 @@ The glue is read off the tokenizer's own chat template (`ChatGlue`). Observation
 tokenised with special tokens split, so agent output that prints "<|im_end|>" cannot forge a
 template token. The episode ends on `complete_task`, the turn limit or the token budget; any
 failure of our machinery ends it with an explicit status, never silently.
+
+With `memory_turns: n` (Verlog's memory) the prompt of turn t is `Trajectory.prompt_ids(t)`:
+the task context and the last n turns only, the same exact ids spliced out of the episode;
+the token budget then bounds each turn's prompt, not the whole episode.
 """
 
 from __future__ import annotations
@@ -106,9 +110,12 @@ async def run_episode(
     traj.messages = build_messages(env.reset(), example)
     traj.append(encode_prompt(tokenizer, traj.messages), output=False)
     traj.prompt_length = len(traj.tokens)
+    traj.memory_turns = settings.memory_turns
+    context_messages = len(traj.messages)
     traj.status = "max_turns"
     for turn_index in range(settings.max_turns):
-        room = settings.max_context_tokens - len(traj.tokens)
+        prompt = traj.prompt_ids(turn_index)
+        room = settings.max_context_tokens - len(prompt)
         if room < 1:
             traj.status = "context_exhausted"
             break
@@ -120,7 +127,8 @@ async def run_episode(
             seed=None if seed is None else seed + turn_index,
         )
         try:
-            generation = await generator.generate(traj.tokens, params, messages=traj.messages)
+            messages = _window(traj.messages, context_messages, turn_index, settings.memory_turns)
+            generation = await generator.generate(prompt, params, messages=messages)
         except GeneratorError as exc:
             traj.status, traj.error = "generator_error", str(exc)
             break
@@ -161,6 +169,15 @@ async def run_episode(
     return traj
 
 
+def _window(
+    messages: list[dict[str, str]], context: int, turn: int, memory_turns: int | None
+) -> list[dict[str, str]]:
+    """The messages of turn `turn`'s prompt: the context and the last `memory_turns` turns."""
+    if memory_turns is None or turn <= memory_turns:
+        return messages
+    return messages[:context] + messages[context + 2 * (turn - memory_turns) :]
+
+
 def _record_output(traj: Trajectory, tokenizer: Any, generation: Any) -> Turn:
     start = len(traj.tokens)
     traj.append(list(generation.token_ids), output=True, logprobs=generation.logprobs)
@@ -193,7 +210,8 @@ def _append_observation(
     ids = tokenizer(closing, add_special_tokens=False)["input_ids"]
     ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     ids += tokenizer(glue.user_to_assistant, add_special_tokens=False)["input_ids"]
-    if len(traj.tokens) + len(ids) >= settings.max_context_tokens:
+    next_prompt = len(traj.prompt_ids(len(traj.turns)))  # the next turn's prompt so far
+    if next_prompt + len(ids) >= settings.max_context_tokens:
         return False
     traj.append(ids, output=False)
     turn.observation = observation

@@ -9,6 +9,11 @@ for per-turn importance weights.
 
 Rollouts longer than `max_seq_len` are cut to their first `max_seq_len` tokens and still
 trained on (as the reference code does); the cut is counted by the caller.
+
+A rollout generated with a memory window (`agent.memory_turns`, Verlog) becomes one sample per
+turn instead (`make_samples`): the turn's exact prompt ids (`Trajectory.prompt_ids`) and its
+sampled ids, with `positions` mapping each token back to the episode, so the learner batches
+turns and the rollouts file still gets the log-probs of the whole episode.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ class Sample:
     truncated: bool = False
     old_logprobs: Tensor | None = None  # float32, set by the learner's recompute step
     source: int = -1  # the rollout's position in its iteration (to write its log-probs back)
+    reward: float = 0.0  # the rollout's training reward (the learned-critic methods' outcome)
+    old_values: Tensor | None = None  # float32 V(s_t), set by the recompute step with a critic
+    returns: Tensor | None = None  # float32 value targets, set with the GAE advantages
+    ref_logprobs: Tensor | None = None  # float32 log-probs with the LoRA adapter disabled
+    turn: int = -1  # a windowed rollout's turn (one sample per turn); -1: the whole rollout
+    positions: Tensor | None = None  # int64 index of each token in the episode (None: same)
 
     @property
     def num_output_tokens(self) -> int:
@@ -43,7 +54,11 @@ class Sample:
 
 
 def make_sample(
-    traj: Trajectory, turn_advantages: Sequence[float], max_seq_len: int, source: int = -1
+    traj: Trajectory,
+    turn_advantages: Sequence[float],
+    max_seq_len: int,
+    source: int = -1,
+    reward: float = 0.0,
 ) -> Sample:
     """A `Sample` of `traj` whose turn t's output tokens carry `turn_advantages[t]`.
 
@@ -67,7 +82,41 @@ def make_sample(
     turn_ids[~is_output] = -1
     advantages[~is_output] = 0.0
     truncated = len(traj.tokens) > length
-    return Sample(tokens, is_output, sampler, turn_ids, advantages, truncated, source=source)
+    return Sample(
+        tokens, is_output, sampler, turn_ids, advantages, truncated, source=source, reward=reward
+    )
+
+
+def make_samples(
+    traj: Trajectory,
+    turn_advantages: Sequence[float],
+    max_seq_len: int,
+    source: int = -1,
+    reward: float = 0.0,
+) -> list[Sample]:
+    """The samples of one rollout: one (`make_sample`), or one per turn with a memory window."""
+    if traj.memory_turns is None:
+        return [make_sample(traj, turn_advantages, max_seq_len, source, reward)]
+    if len(turn_advantages) < len(traj.turns):
+        raise ValueError(f"{len(turn_advantages)} turn advantages for {len(traj.turns)} turns")
+    samples = []
+    for index, turn in enumerate(traj.turns):
+        ranges = [*traj.prompt_ranges(index), (turn.output_start, turn.output_end)]
+        positions = torch.cat([torch.arange(a, b) for a, b in ranges])[:max_seq_len]
+        tokens = torch.tensor(traj.tokens, dtype=torch.long)[positions]
+        is_output = torch.tensor(traj.is_output, dtype=torch.bool)[positions]
+        is_output &= positions >= turn.output_start  # this turn's sampled ids only
+        sampler = torch.tensor(
+            [math.nan if x is None else x for x in traj.sampler_logprobs], dtype=torch.float32
+        )[positions]
+        turn_ids = torch.where(is_output, index, -1)
+        advantages = torch.where(is_output, float(turn_advantages[index]), 0.0)
+        truncated = sum(b - a for a, b in ranges) > max_seq_len
+        samples.append(Sample(
+            tokens, is_output, sampler, turn_ids, advantages, truncated, source=source,
+            reward=reward, turn=index, positions=positions,
+        ))  # fmt: skip
+    return samples
 
 
 @dataclass
@@ -81,6 +130,9 @@ class Batch:
     turn_ids: Tensor
     old_logprobs: Tensor | None
     sampler_logprobs: Tensor
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
+    ref_logprobs: Tensor | None = None
 
 
 def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Batch:
@@ -99,15 +151,19 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Bat
 
     lengths = torch.tensor([len(s.tokens) for s in samples])
     attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long().to(device)
-    old = None
-    if all(s.old_logprobs is not None for s in samples):
-        old = pad("old_logprobs", 0.0)
+
+    def pad_if_set(name: str) -> Tensor | None:
+        return pad(name, 0.0) if all(getattr(s, name) is not None for s in samples) else None
+
     return Batch(
         input_ids=pad("tokens", pad_id),
         attention_mask=attention_mask,
         is_output=pad("is_output", False),
         advantages=pad("advantages", 0.0),
         turn_ids=pad("turn_ids", -1),
-        old_logprobs=old,
+        old_logprobs=pad_if_set("old_logprobs"),
         sampler_logprobs=pad("sampler_logprobs", math.nan),
+        old_values=pad_if_set("old_values"),
+        returns=pad_if_set("returns"),
+        ref_logprobs=pad_if_set("ref_logprobs"),
     )

@@ -78,6 +78,7 @@ class AgentConfig:
     top_p: float = 1.0
     rollout_timeout_s: float = 3600.0  # wall time of one rollout ("timeout" when its cells used it)
     worked_example: bool = True  # show the suite's worked example in the prompt (the paper does)
+    memory_turns: int | None = None  # Verlog's memory: context + the last n turns (None: all)
 
 
 @dataclass
@@ -109,8 +110,9 @@ class TrainConfig:
     # agent called complete_task or changed something (loop/credit.py)
     reward: Literal["fraction", "success", "acted"] = "fraction"
     # loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches
-    # return_threshold, else 0: expert iteration, with loss cross_entropy)
-    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter"] = "loo"
+    # return_threshold, else 0: expert iteration, with loss cross_entropy) | gae (per-token GAE
+    # from a value head: the paper's PPO with a learned critic) | verlog (dual-discount GAE)
+    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = "loo"
     return_threshold: float = 1.0  # advantage filter: the return a rollout must reach (EI: 1.0)
     normalize_advantage: bool = False  # loo only: divide by the group std ("LOOP RwNorm")
     turn_coef: float = 1.0  # advantage turn: weight of the turn-level advantage (MT-GRPO)
@@ -128,6 +130,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 0.1  # global L2 clip (the reference code; the paper says 1.0)
     kl_threshold: float = 20.0  # |k1| above this skips the rest of the iteration
+    kl_coef: float = 0.0  # beta of the k3 KL to the reference (GRPO; LoRA only: adapter off)
     max_nan_steps: int = 20  # abort the run after this many skipped non-finite steps
     max_seq_len: int = 32_000  # longer rollouts are truncated for learning (and counted)
     logprob_chunk_size: int = 1024  # positions per LM-head chunk in the log-prob computation
@@ -147,6 +150,29 @@ class TrainConfig:
     tensorboard: bool = True
     wandb_project: str | None = None  # log to Weights & Biases too (needs wandb installed)
     deterministic: bool = False  # torch deterministic algorithms (reproducible on CPU)
+
+
+@dataclass
+class CriticConfig:
+    """The value head of `train.advantage: gae | verlog` (loop/critic.py; [P] App. C, Verlog)."""
+
+    hidden_sizes: list[int] = field(default_factory=list)  # MLP widths; []: 3/5, 2/5 of hidden
+    lr: float | None = None  # AdamW of the head (None: train.lr)
+    clip_eps: float | None = 0.2  # value clipping around the old value (None: unclipped)
+    value_range: list[float] = field(default_factory=list)  # clamp V to [lo, hi] ([P]: 0, 1)
+    coef: float = 0.1  # value loss coefficient at iteration 0 ([P]: 0.1)
+    coef_final: float = 0.001  # ... decayed linearly to this ([P]: 0.001)
+    coef_decay_iterations: int = 200  # ... over this many iterations ([P]: 200)
+    grad_to_body: bool = False  # let the value loss reach the LoRA weights ([P]: no)
+    warmup_iterations: int = 0  # first iterations with the actor frozen ([P]: 10)
+    first_token_weight: float = 1.0  # value-loss weight of a turn's first token (Verlog: > 1)
+    max_grad_norm: float = 1.0  # global L2 clip of the head's gradient
+    gamma: float = 1.0  # gae: discount ([P]: 1; 0.95-0.999 diverged)
+    lam: float = 1.0  # gae: lambda ([P]: 1, so A = R - V)
+    gamma_token: float = 1.0  # verlog: discount between tokens of a turn (paper 000: 1)
+    lambda_token: float = 1.0  # verlog: lambda between tokens of a turn (paper 000: 1)
+    gamma_step: float = 0.99  # verlog: discount across turns (paper 000: 0.99)
+    lambda_step: float = 0.95  # verlog: lambda across turns (paper 000: 0.95)
 
 
 @dataclass
@@ -186,6 +212,7 @@ class RunConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     @property
@@ -330,10 +357,13 @@ def _check_values(config: RunConfig) -> None:
         config.generator.base_url and config.generator.served_model
     ):
         raise ConfigError("generator.backend openai needs generator.base_url and served_model")
+    if config.agent.memory_turns is not None and config.agent.memory_turns < 1:
+        raise ConfigError(f"agent.memory_turns: must be >= 1, got {config.agent.memory_turns}")
     if config.agent.max_new_tokens >= config.agent.max_context_tokens:
         raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
     _check_train(config.train, warm_start=config.warm_start.source != "none")
     _check_warm_start(config)
+    _check_critic_and_kl(config)
 
 
 def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
@@ -370,7 +400,7 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
             f"train.min_rollouts_per_task: must be in [1, rollouts_per_task="
             f"{train.rollouts_per_task}], got {train.min_rollouts_per_task}"
         )
-    if train.advantage != "reinforce" and train.rollouts_per_task < 2:
+    if train.advantage not in ("reinforce", "gae", "verlog") and train.rollouts_per_task < 2:
         raise ConfigError(f"train.rollouts_per_task: advantage {train.advantage} needs K >= 2")
     if train.micro_batch_size > train.minibatch_size:
         raise ConfigError("train.micro_batch_size must not exceed train.minibatch_size")
@@ -410,6 +440,33 @@ def _check_warm_start(config: RunConfig) -> None:
         raise ConfigError("warm_start needs a LoRA policy (model.lora_rank > 0)")
     if config.model.init_adapter is not None and config.model.lora_rank == 0:
         raise ConfigError("model.init_adapter needs a LoRA policy (model.lora_rank > 0)")
+
+
+def _check_critic_and_kl(config: RunConfig) -> None:
+    critic, train = config.critic, config.train
+    if train.kl_coef < 0:
+        raise ConfigError(f"train.kl_coef: must be >= 0, got {train.kl_coef}")
+    if train.kl_coef > 0 and config.model.lora_rank == 0:
+        raise ConfigError(
+            "train.kl_coef needs a LoRA policy (model.lora_rank > 0): the reference is the base "
+            "model with the adapter disabled; full fine-tuning keeps no reference copy"
+        )
+    for key in ("gamma", "lam", "gamma_token", "lambda_token", "gamma_step", "lambda_step"):
+        if not 0 <= getattr(critic, key) <= 1:
+            raise ConfigError(f"critic.{key}: must be in [0, 1], got {getattr(critic, key)}")
+    if critic.hidden_sizes and (len(critic.hidden_sizes) != 2 or min(critic.hidden_sizes) < 1):
+        raise ConfigError(f"critic.hidden_sizes: two widths >= 1, got {critic.hidden_sizes}")
+    if (critic.lr is not None and critic.lr <= 0) or critic.max_grad_norm <= 0:
+        raise ConfigError("critic.lr and critic.max_grad_norm must be > 0")
+    if critic.clip_eps is not None and critic.clip_eps <= 0:
+        raise ConfigError(f"critic.clip_eps: must be > 0 or null, got {critic.clip_eps}")
+    if min(critic.coef, critic.coef_final, critic.first_token_weight) < 0:
+        raise ConfigError("critic.coef, coef_final and first_token_weight must be >= 0")
+    if critic.value_range and (len(critic.value_range) != 2 or
+                               critic.value_range[0] >= critic.value_range[1]):  # fmt: skip
+        raise ConfigError(f"critic.value_range: [low, high], got {critic.value_range}")
+    if critic.warmup_iterations < 0 or critic.coef_decay_iterations < 0:
+        raise ConfigError("critic.warmup_iterations and coef_decay_iterations must be >= 0")
 
 
 def _first_line(exc: Exception) -> str:

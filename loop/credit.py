@@ -16,6 +16,10 @@ do nothing. Reads are told by the AppWorld naming the built-in world shares (`sh
 `turn_rewards` is the one named per-turn reward used by the turn-level (MT-GRPO) estimator: a
 turn earns 1.0 when its code ran without an error, a timeout or a crash and every API call it
 made succeeded; 0.0 otherwise (including a turn with no code).
+
+The learned-critic methods (`gae`, `verlog`) need no group: every scored rollout is kept, its
+turn advantages stay 0 here, and the per-token advantages come later from the value head's
+predictions (loop/critic.py `assign_gae`), with the reward recorded in `Credit.rewards`.
 """
 
 from __future__ import annotations
@@ -123,6 +127,10 @@ def assign_credit(
             adv = compute_reinforce_advantages(rewards, present)
         elif method == "filter":
             adv = compute_filter_advantages(rewards, present, threshold=return_threshold)
+        elif method in ("gae", "verlog"):  # per token, from the critic, after this step
+            adv = compute_reinforce_advantages(rewards, present)
+            adv = adv._replace(advantages=torch.zeros_like(adv.advantages))
+            threshold = 0.0  # nothing to filter on yet: every scored rollout is trained
         else:
             raise ValueError(f"unknown advantage estimator {method!r}")
         valid, kept_groups = adv.valid, adv.kept_groups

@@ -18,6 +18,15 @@ loop/advantages.py. One iteration's learning (loop_spec.md section 2, steps 5 to
    `max_grad_norm`.
 4. The learning-rate schedule (constant) steps once per iteration.
 
+Two optional terms share the forward pass and the step. With a `critic` (loop/critic.py) the
+value head reads the same last hidden state as the log-probs: the recompute pass also records
+the old values, and each step adds `coef * clipped value loss` and steps the head's own
+optimizer; during the critic warm-up the actor is frozen (no policy loss, no policy step). With
+`kl_coef` > 0 (GRPO's KL to the reference, LoRA only) the recompute pass also records the
+reference log-probs, from the same model with the LoRA adapter disabled (peft's
+`disable_adapter()`: no second copy); the reference never changes, so once per iteration is
+enough, and each step adds `kl_coef * k3` (loop/losses.py `kl_penalty`).
+
 With several processes each learner gets an equal shard of the rollouts; gradients are averaged
 across processes by the sharding wrapper, so the local loss is scaled by the world size to keep
 the paper's "sum over the global minibatch / minibatch_size" (see loop/distributed.py).
@@ -29,7 +38,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import torch
@@ -37,11 +46,17 @@ from torch import Tensor
 
 from loop import distributed
 from loop.batch import Batch, Sample, collate
-from loop.logprobs import token_logprobs
+from loop.critic import Critic, first_token_weights
+from loop.learn_stats import LearnStats, Losses, parity_stats, record_extras
+from loop.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
 from loop.losses import (
+    PolicyLoss,
+    ValueLoss,
     clipped_surrogate_loss,
+    clipped_value_loss,
     cross_entropy_loss,
     kl_estimates,
+    kl_penalty,
     reinforce_loss,
 )
 from loop.policy import Policy
@@ -49,42 +64,6 @@ from loop.policy import Policy
 
 class NonFiniteLossError(RuntimeError):
     """Too many non-finite losses: the run stops rather than train on garbage."""
-
-
-@dataclass
-class LearnStats:
-    """What one iteration of learning did (summed or averaged over its steps)."""
-
-    optimizer_steps: int = 0
-    skipped_nan: int = 0
-    skipped_high_kl: int = 0
-    stopped_early: bool = False
-    losses: list[float] = field(default_factory=list)
-    clip_fractions: list[float] = field(default_factory=list)
-    grad_norms: list[float] = field(default_factory=list)
-    kl_k1: list[float] = field(default_factory=list)
-    kl_k3: list[float] = field(default_factory=list)
-    trained_tokens: int = 0
-
-    def metrics(self) -> dict[str, float]:
-        """Namespaced scalars for the run log."""
-
-        def avg(values: list[float]) -> float:
-            return sum(values) / len(values) if values else math.nan
-
-        return {
-            "learn/optimizer_steps": self.optimizer_steps,
-            "learn/skipped_nan_steps": self.skipped_nan,
-            "learn/skipped_high_kl": self.skipped_high_kl,
-            "learn/stopped_early": float(self.stopped_early),
-            "loss/policy": avg(self.losses),
-            "loss/clipfrac": avg(self.clip_fractions),
-            "loss/grad_norm": avg(self.grad_norms),
-            "loss/grad_norm_max": max(self.grad_norms, default=math.nan),
-            "loss/kl_k1": avg(self.kl_k1),
-            "loss/kl_k3": avg(self.kl_k3),
-            "learn/trained_tokens": self.trained_tokens,
-        }
 
 
 class Learner:
@@ -108,6 +87,8 @@ class Learner:
         max_nan_steps: int = 20,
         temperature: float = 1.0,
         logprob_chunk_size: int = 1024,
+        critic: Critic | None = None,
+        kl_coef: float = 0.0,
     ):
         self.policy = policy
         self.model = policy.model
@@ -118,6 +99,10 @@ class Learner:
         self.max_grad_norm, self.kl_threshold = max_grad_norm, kl_threshold
         self.max_nan_steps, self.temperature = max_nan_steps, temperature
         self.chunk_size = logprob_chunk_size
+        self.critic, self.kl_coef = critic, kl_coef
+        if kl_coef > 0 and not policy.is_lora:
+            raise ValueError("train.kl_coef > 0 needs a LoRA policy (the reference is the base)")
+        self.iteration = 0  # set by learn(): the critic's schedules depend on it
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters")
@@ -140,17 +125,29 @@ class Learner:
         try:
             for chunk in _chunks(list(samples), self.micro_batch_size):
                 batch = self._collate(chunk)
-                logprobs = self._logprobs(batch).float().cpu()
+                hidden = self._hidden(batch)
+                logprobs = self._logprobs(batch, hidden).float().cpu()
+                values = self._values(hidden).cpu() if self.critic is not None else None
+                reference = self._reference_logprobs(batch) if self.kl_coef > 0 else None
                 for row, sample in enumerate(chunk):
-                    sample.old_logprobs = logprobs[row, : len(sample.tokens)].clone()
+                    n = len(sample.tokens)
+                    sample.old_logprobs = logprobs[row, :n].clone()
+                    if values is not None:
+                        sample.old_values = values[row, :n].clone()
+                    if reference is not None:
+                        sample.ref_logprobs = reference[row, :n].clone()
         finally:
             self.model.train(was_training)
         return parity_stats(samples)
 
     # -- 2./3. epochs of minibatch steps ------------------------------------------------------
-    def learn(self, samples: Sequence[Sample], *, seed: int) -> LearnStats:
+    def learn(self, samples: Sequence[Sample], *, seed: int, iteration: int = 0) -> LearnStats:
         """`epochs` shuffled passes of minibatch steps over `samples` (old log-probs set)."""
+        self.iteration = iteration
         stats = LearnStats()
+        if self.critic is not None:
+            stats.value_coef = self.critic.coef_at(iteration)
+            stats.actor_frozen = self.critic.actor_frozen(iteration)
         if self.loss == "ppo" and any(s.old_logprobs is None for s in samples):
             raise ValueError("learn() needs old log-probs: call recompute_old_logprobs first")
         self.model.train()
@@ -189,17 +186,22 @@ class Learner:
 
     def _step(self, minibatch: list[Sample], stats: LearnStats) -> bool:
         """One optimizer step over `minibatch`; False when a guard stops the iteration."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         scale = distributed.world_size() / self.minibatch_size
         loss_sum, clipped, units, tokens, log_ratio_sums = 0.0, 0.0, 0, 0, []
         for chunk in _chunks(minibatch, self.micro_batch_size):
             batch = self._collate(chunk)
-            out = self._policy_loss(batch)
-            (out.loss.sum() * scale).backward()
-            loss_sum += float(out.loss.detach().sum())
-            clipped += float(out.clipped.detach().sum())
+            losses = self._losses(batch)
+            (losses.total.sum() * scale).backward()
+            if not math.isfinite(float(losses.total.detach().sum())):
+                loss_sum = math.nan
+            if losses.policy is not None:
+                out = losses.policy
+                loss_sum += float(out.loss.detach().sum())
+                clipped += float(out.clipped.detach().sum())
+                log_ratio_sums.append(out.log_ratio_sum.detach().float().cpu())
+            record_extras(losses, stats)
             units += len(chunk)
-            log_ratio_sums.append(out.log_ratio_sum.detach().float().cpu())
             tokens += int(batch.is_output.sum())
         # Totals over every process, so metrics and guards see the global minibatch.
         loss_sum, clipped, total_units, total_tokens = distributed.all_sum(
@@ -209,20 +211,28 @@ class Learner:
         stats.trained_tokens += int(total_tokens)
         if not math.isfinite(loss_sum):
             return self._skip_non_finite(stats)
-        kl = kl_estimates(distributed.all_gather_cat(torch.cat(log_ratio_sums)))
-        stats.kl_k1.append(float(kl.k1))
-        stats.kl_k3.append(float(kl.k3))
-        if abs(float(kl.k1)) > self.kl_threshold:
-            self.optimizer.zero_grad(set_to_none=True)
-            stats.skipped_high_kl += 1
-            return False
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if not math.isfinite(grad_norm):  # a finite loss can still give inf/NaN gradients:
-            return self._skip_non_finite(stats)  # AdamW would write NaN into the weights
-        self.optimizer.step()
+        frozen = stats.actor_frozen  # critic warm-up: no policy loss, the head alone learns
+        grad_norm = 0.0
+        if not frozen:
+            kl = kl_estimates(distributed.all_gather_cat(torch.cat(log_ratio_sums)))
+            stats.kl_k1.append(float(kl.k1))
+            stats.kl_k3.append(float(kl.k3))
+            if abs(float(kl.k1)) > self.kl_threshold:
+                self._zero_grad()
+                stats.skipped_high_kl += 1
+                return False
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            if not math.isfinite(grad_norm):  # a finite loss can still give inf/NaN gradients:
+                return self._skip_non_finite(stats)  # AdamW would write NaN into the weights
+        if self.critic is not None:
+            torch.nn.utils.clip_grad_norm_(self.critic.head.parameters(), self.critic.max_grad_norm)
+            self.critic.optimizer.step()
         self.global_step += 1
         stats.optimizer_steps += 1
+        if frozen:
+            return True
+        self.optimizer.step()
         stats.losses.append(loss_sum / max(units, 1))
         stats.clip_fractions.append(clipped / max(units, 1))
         stats.grad_norms.append(grad_norm)
@@ -230,7 +240,7 @@ class Learner:
 
     def _skip_non_finite(self, stats: LearnStats) -> bool:
         """Drop this step's gradients and count it; abort past `max_nan_steps` in the run."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         stats.skipped_nan += 1
         self.nan_steps_total += 1
         if self.nan_steps_total > self.max_nan_steps:
@@ -240,8 +250,49 @@ class Learner:
             )
         return False
 
-    def _policy_loss(self, batch: Batch) -> Any:
-        logprobs = self._logprobs(batch)
+    def _losses(self, batch: Batch, *, warm_up: bool | None = None) -> Losses:
+        """Policy loss, plus the value loss and the KL to the reference when they are on.
+
+        warm_up: the actor frozen (no policy loss); None: as the critic's schedule says.
+        """
+        frozen = self.critic is not None and self.critic.actor_frozen(self.iteration)
+        frozen = frozen if warm_up is None else warm_up
+        if frozen:  # no gradient reaches the body: run it without building a graph
+            with torch.no_grad():
+                hidden = self._hidden(batch)
+        else:
+            hidden = self._hidden(batch)
+        policy, value, kl_ref = None, None, None
+        total = torch.zeros(batch.input_ids.shape[0], device=batch.input_ids.device)
+        if not frozen:
+            logprobs = self._logprobs(batch, hidden)
+            policy = self._policy_loss(batch, logprobs)
+            total = total + policy.loss
+            if self.kl_coef > 0:
+                if batch.ref_logprobs is None:
+                    raise ValueError("kl_coef > 0 needs reference log-probs: run the recompute")
+                kl_ref = kl_penalty(logprobs, batch.ref_logprobs, batch.is_output)
+                total = total + self.kl_coef * kl_ref
+        if self.critic is not None:
+            value = self._value_loss(batch, hidden)
+            total = total + self.critic.coef_at(self.iteration) * value.loss
+        return Losses(total, policy, value, kl_ref)
+
+    def _value_loss(self, batch: Batch, hidden: Tensor) -> ValueLoss:
+        assert self.critic is not None
+        if batch.old_values is None or batch.returns is None:
+            raise ValueError("the value loss needs old values and returns: run assign_gae")
+        weights = first_token_weights(
+            batch.turn_ids, batch.is_output, self.critic.first_token_weight
+        )
+        return clipped_value_loss(
+            self._values(hidden), batch.old_values, batch.returns, batch.is_output,
+            clip_eps=self.critic.clip_eps, weights=weights,
+        )  # fmt: skip
+
+    def _policy_loss(self, batch: Batch, logprobs: Tensor | None = None) -> PolicyLoss:
+        if logprobs is None:
+            logprobs = self._logprobs(batch, self._hidden(batch))
         mask = batch.is_output
         if self.loss == "cross_entropy":
             return cross_entropy_loss(logprobs, mask, old_logprobs=batch.old_logprobs)
@@ -275,14 +326,18 @@ class Learner:
             tokens, is_output, torch.full((seq_len,), math.nan), torch.where(is_output, 0, -1),
             advantages, old_logprobs=torch.zeros(seq_len),
         )  # fmt: skip
+        if self.critic is not None:
+            sample.old_values, sample.returns = torch.zeros(seq_len), torch.ones(seq_len)
+        if self.kl_coef > 0:
+            sample.ref_logprobs = torch.zeros(seq_len)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         try:
-            out = self._policy_loss(self._collate([sample]))
-            out.loss.sum().backward()
-            return float(out.loss.detach().sum())
+            out = self._losses(self._collate([sample]), warm_up=False)  # every term: the peak
+            out.total.sum().backward()
+            return float(out.total.detach().sum())
         finally:
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -290,12 +345,15 @@ class Learner:
 
         Collective with several processes: every rank calls it; rank 0 gets the full state.
         """
-        return {
+        state = {
             "optimizer": distributed.optimizer_state_dict(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "global_step": self.global_step,
             "nan_steps_total": self.nan_steps_total,
         }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
@@ -303,51 +361,44 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
         self.nan_steps_total = int(state["nan_steps_total"])
+        if self.critic is not None:
+            if "critic" not in state:
+                raise ValueError("the checkpoint has no value head: it was not a critic run")
+            self.critic.load_state_dict(state["critic"])
 
     # -- helpers -------------------------------------------------------------------------------
     def _collate(self, samples: Sequence[Sample]) -> Batch:
         return collate(samples, self.pad_id, self.policy.device)
 
-    def _logprobs(self, batch: Batch) -> Tensor:
-        return token_logprobs(
-            self.model, batch.input_ids, batch.attention_mask,
-            chunk_size=self.chunk_size, temperature=self.temperature,
+    def _hidden(self, batch: Batch) -> Tensor:
+        return last_hidden_state(self.model, batch.input_ids, batch.attention_mask)
+
+    def _logprobs(self, batch: Batch, hidden: Tensor) -> Tensor:
+        return logprobs_from_hidden(
+            self.model, hidden, batch.input_ids, chunk_size=self.chunk_size,
+            temperature=self.temperature,
         )  # fmt: skip
+
+    def _values(self, hidden: Tensor) -> Tensor:
+        assert self.critic is not None
+        source = hidden if self.critic.grad_to_body else hidden.detach()
+        values = values_from_hidden(self.critic.head, source, chunk_size=self.chunk_size)
+        return self.critic.clamp(values)
+
+    def _reference_logprobs(self, batch: Batch) -> Tensor:
+        """Log-probs of the base model: the same model with its LoRA adapter disabled."""
+        disabled: AbstractContextManager[Any] = self.model.disable_adapter()
+        with disabled:
+            return self._logprobs(batch, self._hidden(batch)).float().cpu()
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.optimizer.zero_grad(set_to_none=True)
 
     def _filler_token(self) -> int:
         ids = self.policy.tokenizer(" the", add_special_tokens=False)["input_ids"]
         return int(ids[0]) if ids else 0
-
-
-def parity_stats(samples: Sequence[Sample]) -> dict[str, float]:
-    """How far the learner's old log-probs are from the sampler's, over output tokens.
-
-    Only tokens with a finite sampler log-prob count. Returns `recompute/*` metrics: mean and
-    max |delta log p|; mean, max, p95 and p99 of |delta p|; min and max of p_learner/p_sampler.
-    """
-    learner, sampler = [], []
-    for sample in samples:
-        assert sample.old_logprobs is not None
-        known = sample.is_output & torch.isfinite(sample.sampler_logprobs)
-        learner.append(sample.old_logprobs[known].double())
-        sampler.append(sample.sampler_logprobs[known].double())
-    if not learner or sum(len(x) for x in learner) == 0:
-        return {"recompute/tokens": 0.0}
-    new, old = torch.cat(learner), torch.cat(sampler)
-    dlogp = (new - old).abs()
-    dp = (new.exp() - old.exp()).abs()
-    ratio = (new - old).exp()
-    return {
-        "recompute/tokens": float(len(new)),
-        "recompute/abs_logprob_diff_mean": float(dlogp.mean()),
-        "recompute/abs_logprob_diff_max": float(dlogp.max()),
-        "recompute/abs_prob_diff_mean": float(dp.mean()),
-        "recompute/abs_prob_diff_max": float(dp.max()),
-        "recompute/abs_prob_diff_p95": float(torch.quantile(dp, 0.95)),
-        "recompute/abs_prob_diff_p99": float(torch.quantile(dp, 0.99)),
-        "recompute/ratio_min": float(ratio.min()),
-        "recompute/ratio_max": float(ratio.max()),
-    }
 
 
 def _chunks(items: list[Sample], size: int) -> list[list[Sample]]:

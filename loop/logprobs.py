@@ -45,20 +45,35 @@ def token_logprobs(
     model's parameters when grad is enabled.
     """
     _check_inputs(input_ids, attention_mask, chunk_size, temperature)
-    causal_lm = _unwrap_peft(model)
-    body, lm_head = causal_lm.base_model, causal_lm.get_output_embeddings()
-    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
-    out = body(
+    hidden = last_hidden_state(model, input_ids, attention_mask)
+    return logprobs_from_hidden(
+        model, hidden, input_ids, chunk_size=chunk_size, temperature=temperature
+    )
+
+
+def last_hidden_state(model: Any, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """The transformer body's last hidden state (B, T, H): one forward, no LM head."""
+    out = _unwrap_peft(model).base_model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=_position_ids(attention_mask),
         use_cache=False,
     )
+    return out.last_hidden_state
+
+
+def logprobs_from_hidden(
+    model: Any, hidden_states: Tensor, input_ids: Tensor, *, chunk_size: int, temperature: float
+) -> Tensor:
+    """`token_logprobs` from the body's hidden states (B, T, H): LM head over chunks."""
+    causal_lm = _unwrap_peft(model)
+    lm_head = causal_lm.get_output_embeddings()
+    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
     batch, seq_len = input_ids.shape
     if seq_len == 1:  # nothing to predict: only the conventional 0.0 of position 0
-        return out.last_hidden_state.new_zeros(batch, 1, dtype=torch.float32)
+        return hidden_states.new_zeros(batch, 1, dtype=torch.float32)
     # hidden[t] predicts token t + 1: (B, T-1, H) -> (B*(T-1), H), targets (B*(T-1),).
-    hidden = out.last_hidden_state[:, :-1].reshape(batch * (seq_len - 1), -1)
+    hidden = hidden_states[:, :-1].reshape(batch * (seq_len - 1), -1)
     targets = input_ids[:, 1:].reshape(-1)
     recompute_in_backward = torch.is_grad_enabled() and hidden.requires_grad
     pieces = []
@@ -74,6 +89,34 @@ def token_logprobs(
     logprobs = torch.cat(pieces).reshape(batch, seq_len - 1)
     first = logprobs.new_zeros(batch, 1)
     return torch.cat([first, logprobs], dim=1)
+
+
+def values_from_hidden(head: Any, hidden_states: Tensor, *, chunk_size: int) -> Tensor:
+    """V(s_t) of every token t, from the value head on the body's hidden states, in chunks.
+
+    head: a module mapping (N, H) -> (N,) (loop.critic.ValueHead).
+    hidden_states: (B, T, H); detach it first to keep the value loss out of the body.
+    Returns (B, T) float32 aligned like the log-probs: `out[:, t]` is the value of the state in
+    which token t was sampled, read from hidden[t - 1] (the position whose logits sampled t);
+    `out[:, 0] = 0.0`. Like the log-probs, each chunk is recomputed in the backward pass, so
+    the head's (chunk, width) activations exist for one chunk at a time.
+    """
+    batch, seq_len, _ = hidden_states.shape
+    if seq_len == 1:
+        return hidden_states.new_zeros(batch, 1, dtype=torch.float32)
+    hidden = hidden_states[:, :-1].reshape(batch * (seq_len - 1), -1)
+    recompute_in_backward = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        piece = hidden[start : start + chunk_size]
+        if recompute_in_backward:
+            pieces.append(checkpoint(head, piece, use_reentrant=False))
+        else:
+            pieces.append(head(piece))
+    values = torch.cat(pieces).float().reshape(batch, seq_len - 1)
+    return torch.cat([values.new_zeros(batch, 1), values], dim=1)
 
 
 def token_logprobs_naive(

@@ -26,6 +26,14 @@ summarised in loop_spec.md 2.7-2.8):
 - `cross_entropy_loss`: supervised fine-tuning on demonstrations and expert iteration ([P] App.
   C: SFT-GT, RFT, EI): -mean_t log p over the sequence's output tokens, reduced like the
   policy losses (one value per sequence), so SFT and RL share minibatches and normalisation.
+- `clipped_value_loss`: the critic's loss of the learned-critic baselines ([P] App. C "PPO with
+  a learned critic"; Verlog, paper 000): PPO's clipped value loss (Schulman et al. 2017, as in
+  the PPO2 baselines and cleanrl), 1/2 max((V - R)^2, (V_clip - R)^2) with V_clip the old value
+  moved at most `clip_eps` towards V, a token-weighted mean per sequence (Verlog weighs the first
+  token of each turn more, App. B.3.2).
+- `kl_penalty`: the KL-to-reference term of GRPO (DeepSeekMath Eq. 4): the k3 estimator
+  pi_ref/pi - log(pi_ref/pi) - 1 per output token, unbiased for KL(pi_theta || pi_ref) on
+  samples of pi_theta and never negative; the mean over the sequence's output tokens.
 - `kl_estimates`: [C]'s high-KL early stop uses k1 = -mean(per-trajectory log ratio); k3 is
   Schulman's estimator (http://joschu.net/blog/kl-approx.html), which [C] has but does not use.
 """
@@ -51,6 +59,14 @@ class PolicyLoss(NamedTuple):
     clipped: Tensor  # (B,) fraction of the sequence's units (tokens/turns/1) that were clipped
     ratio_mean: Tensor  # (B,) mean importance ratio over the units, detached (1.0 if none)
     log_ratio_sum: Tensor  # (B,) sum over output tokens of (logprobs - old_logprobs), detached
+
+
+class ValueLoss(NamedTuple):
+    """Per-sequence value loss and diagnostics."""
+
+    loss: Tensor  # (B,) weighted mean over output tokens of 1/2 max(unclipped, clipped) error
+    clipped: Tensor  # (B,) weighted share of tokens where the clipped error was the larger
+    error: Tensor  # (B,) weighted mean of (V - R)^2, detached (the value MSE the paper reports)
 
 
 class KLEstimates(NamedTuple):
@@ -204,6 +220,62 @@ def cross_entropy_loss(
     """
     ones = torch.ones(mask.shape[0], dtype=logprobs.dtype, device=logprobs.device)
     return reinforce_loss(logprobs, ones, mask, level="token", old_logprobs=old_logprobs)
+
+
+def clipped_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float | None = 0.2,
+    weights: Tensor | None = None,
+) -> ValueLoss:
+    """PPO's clipped value loss per sequence.
+
+    values: (B, T) with grad, V(s_t) now.   old_values: (B, T), V(s_t) when the rollouts'
+    advantages were computed (no grad).   returns: (B, T), the targets R_t.   mask: (B, T) bool.
+    V_clip = old + clamp(V - old, -clip_eps, clip_eps) (clip_eps None: no clipping);
+    per token l_t = 1/2 max((V - R)^2, (V_clip - R)^2); loss = sum_t w_t l_t / sum_t w_t over
+    output tokens, w_t = `weights` ((B, T), e.g. larger at the first token of each turn; None:
+    1). A sequence with no output tokens gives 0.
+    """
+    _check_inputs(values, old_values, mask)
+    if returns.shape != values.shape:
+        raise ValueError(f"returns {tuple(returns.shape)} vs values {tuple(values.shape)}")
+    if clip_eps is not None and clip_eps <= 0:
+        raise ValueError(f"clip_eps must be > 0 or None, got {clip_eps}")
+    w = torch.ones_like(values) if weights is None else weights.to(values.dtype)
+    w = torch.where(mask, w, 0.0)
+    old = torch.where(mask, old_values, 0.0).to(values.dtype)
+    target = torch.where(mask, returns, 0.0).to(values.dtype)
+    safe_values = torch.where(mask, values, 0.0)
+    unclipped = (safe_values - target) ** 2
+    if clip_eps is None:
+        worst, clipped = unclipped, torch.zeros_like(mask)
+    else:
+        moved = old + (safe_values - old).clamp(-clip_eps, clip_eps)
+        clipped_error = (moved - target) ** 2
+        worst = torch.maximum(unclipped, clipped_error)
+        clipped = clipped_error > unclipped
+    total_w = w.sum(dim=1).clamp(min=1e-12)
+    loss = 0.5 * (w * worst).sum(dim=1) / total_w
+    clip_frac = (w * clipped.to(w.dtype)).sum(dim=1) / total_w
+    error = (w * unclipped.detach()).sum(dim=1) / total_w
+    return ValueLoss(loss, clip_frac.detach(), error)
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """GRPO's KL-to-reference term per sequence: mean over output tokens of k3.
+
+    logprobs: (B, T) with grad, log pi_theta.   ref_logprobs: (B, T), log pi_ref (no grad; NaN
+    allowed off the mask).   mask: (B, T) bool.
+    k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1 (DeepSeekMath Eq. 4), >= 0, 0 where the
+    two agree. Returns (B,); 0 for a sequence with no output tokens.
+    """
+    _check_inputs(logprobs, ref_logprobs, mask)
+    diff = torch.where(mask, ref_logprobs.detach() - logprobs, 0.0)
+    return _sequence_mean(torch.expm1(diff) - diff, mask)
 
 
 def kl_estimates(log_ratio_sums: Tensor) -> KLEstimates:

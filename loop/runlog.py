@@ -95,7 +95,10 @@ def write_rollouts(
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    learner = {s.source: s for s in samples if s.old_logprobs is not None}
+    learner: dict[int, list[Sample]] = {}  # a windowed rollout has one sample per turn
+    for sample in samples:
+        if sample.old_logprobs is not None:
+            learner.setdefault(sample.source, []).append(sample)
     with gzip.open(tmp, "wt") as sink:
         for i, traj in enumerate(rollouts):
             advantages = credit.turn_advantages[i]
@@ -103,17 +106,20 @@ def write_rollouts(
                 "iteration": iteration, "split": split,
                 "advantage": advantages[0] if len(set(advantages)) == 1 else None,
                 "turn_advantages": advantages, "kept": kept[i],
-                "learner_logprobs": _learner_logprobs(learner.get(i), len(traj.tokens)),
+                "learner_logprobs": _learner_logprobs(learner.get(i, []), len(traj.tokens)),
             }  # fmt: skip
             sink.write(json.dumps(record) + "\n")
     tmp.replace(path)
 
 
-def _learner_logprobs(sample: Sample | None, length: int) -> list[float | None] | None:
-    """The sample's old log-probs on its loss mask, as a list parallel to the rollout's tokens."""
-    if sample is None or sample.old_logprobs is None:
+def _learner_logprobs(samples: list[Sample], length: int) -> list[float | None] | None:
+    """The samples' old log-probs on their loss masks, parallel to the rollout's tokens."""
+    if not samples:
         return None
     values: list[float | None] = [None] * length
-    for position in sample.is_output.nonzero().flatten().tolist():
-        values[position] = float(sample.old_logprobs[position])
+    for sample in samples:
+        assert sample.old_logprobs is not None
+        for position in sample.is_output.nonzero().flatten().tolist():
+            where = position if sample.positions is None else int(sample.positions[position])
+            values[where] = float(sample.old_logprobs[position])
     return values

@@ -15,7 +15,8 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
   missing code or failed execution ([C]'s penalties default to 0).
 - Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
   normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
-  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline). Rollouts that
+  (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline), `gae` /
+  `verlog` (GAE / dual-discount GAE from a value head, loop/critic.py). Rollouts that
   failed for an infrastructure reason are excluded and the group is re-baselined over the
   survivors; a group with fewer than 2 is dropped; both are counted (our addition: [C] has no
   infrastructure statuses).
@@ -31,6 +32,7 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
   `loss: reinforce` drops the clipping (RLOO when on-policy).
 - Mask: only tokens the policy sampled are trained, including its stop token; prompts,
   observations and chat-template glue are not ([C] section 1.3).
+- Context: the whole episode, or Verlog's window of the last `agent.memory_turns` turns.
 - Epochs and minibatches: 2 epochs of minibatches of 32 rollouts shuffled across tasks, one
   rollout per forward pass by default ([C]); `strictly_on_policy` runs one minibatch of
   everything (RLOO/GRPO mode).
@@ -40,7 +42,8 @@ this file is a helper with one call site. What "LOOP" means here, relative to th
 - N learners: our gradient is the single-process one (global sum / `minibatch_size`), N x [C]'s,
   whose clip sees sqrt(N) x the true norm: `max_grad_norm` 0.1 x sqrt(N) clips like [C]
   (configs/qwen2.5-32b-8gpu.yaml: 0.2 with 4 learners).
-- KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]).
+- KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]);
+  `kl_coef` adds GRPO's k3 penalty to the base model (the LoRA adapter disabled).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
   generator samples with the training model itself; `vllm` gets the new adapter after every
@@ -70,9 +73,10 @@ import torch
 import yaml
 
 from loop import checkpoint, distributed
-from loop.batch import Sample, make_sample
+from loop.batch import Sample, make_samples
 from loop.config import ConfigError, RunConfig, TrainConfig, load_config
 from loop.credit import Credit, assign_credit, rollout_reward
+from loop.critic import assign_gae, build_critic, check_one_process
 from loop.evaluation import run_evaluation
 from loop.learner import Learner, LearnStats
 from loop.metrics import infra_failure_problem, rollout_metrics
@@ -155,6 +159,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
         metrics |= learner.recompute_old_logprobs(samples)
         check_parity(metrics, cfg)
+        metrics |= assign_gae(samples, config, credit)  # gae / verlog: from the old values
         # 5. Epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
         stats = learn(learner, samples, cfg, iteration, config.seed, show_progress)
         metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}
@@ -225,6 +230,7 @@ def check_trainable(config: RunConfig) -> None:
         )
     if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
+    check_one_process(config, distributed.world_size())  # the value head, the memory window
 
 
 def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:
@@ -250,6 +256,7 @@ def build_learner(config: RunConfig, policy: Any) -> Learner:
         micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
         kl_threshold=cfg.kl_threshold, max_nan_steps=cfg.max_nan_steps,
         temperature=config.agent.temperature, logprob_chunk_size=cfg.logprob_chunk_size,
+        critic=build_critic(config, policy), kl_coef=cfg.kl_coef,
     )  # fmt: skip
 
 
@@ -392,11 +399,11 @@ def select_samples(
         while sum(keep) % world:  # not enough rollouts to top up: drop the weakest kept
             weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: credit.magnitude[i])
             keep[weakest] = False
-    samples = [
-        make_sample(traj, credit.turn_advantages[i], max_seq_len, source=i)
-        for i, traj in enumerate(flat)
-        if keep[i]
-    ]
+    samples = []
+    for i, traj in enumerate(flat):
+        if keep[i]:
+            advantages, reward = credit.turn_advantages[i], credit.rewards[i]
+            samples += make_samples(traj, advantages, max_seq_len, i, reward)
     samples = distributed.broadcast_object(samples)
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + iteration))
     shard = [samples[int(i)] for i in order][distributed.rank() :: world]
@@ -429,7 +436,7 @@ def learn(
     progress = _progress(steps, f"iter {iteration} learn", show_progress, unit="step")
     learner.on_step = lambda: progress.update(1)
     try:
-        return learner.learn(samples, seed=seed * 7919 + iteration)
+        return learner.learn(samples, seed=seed * 7919 + iteration, iteration=iteration)
     finally:
         progress.close()
 

@@ -19,6 +19,12 @@ statuses: the generator failing or being too slow (`generator_error`, `generatio
 sandbox that cannot be had or restarted (`sandbox_crash`), the environment's engine or grader
 failing (`env_crash`, `env_error`).
 
+Verlog's memory window (`agent.memory_turns: n`): turn t is generated from the task context
+(`tokens[:prompt_length]`) followed by the last n turns (each turn: the ids the policy sampled,
+then the environment's ids up to the next turn). `prompt_ids(t)` gives those exact ids, for
+the agent when it samples and for the learner when it trains on the turn, so token in, token
+out holds per turn while `tokens` keeps the whole episode for the rollouts file and the report.
+
 API calls are stored once, per turn (`Turn.api_calls`); `Trajectory.api_calls` is every call in
 order, derived from the turns. Only calls that belong to no turn (a step whose sandbox crashed
 after some calls ran) make the rollout keep its own list, written as the top-level
@@ -86,6 +92,7 @@ class Trajectory:
     status: RolloutStatus = "ok"
     error: str | None = None  # why an infrastructure status was given
     token_exact: bool = True  # False when a backend returned text that had to be re-tokenised
+    memory_turns: int | None = None  # the prompts' memory window (None: the whole history)
     duration_s: float = 0.0
     cell_time_s: float = 0.0  # wall time spent running the agent's cells (for attribution)
 
@@ -105,6 +112,25 @@ class Trajectory:
         calls = list(calls)
         derived = [call for turn in self.turns for call in turn.api_calls]
         self.own_api_calls = None if calls == derived else calls
+
+    def prompt_ids(self, turn: int) -> list[int]:
+        """The exact ids turn `turn` was generated from (or, for turn == len(turns), the next).
+
+        The whole history without a memory window; with one of n turns, the task context and
+        the tokens from the start of turn `turn - n` up to the start of turn `turn`.
+        """
+        ranges = self.prompt_ranges(turn)
+        return [i for start, end in ranges for i in self.tokens[start:end]]
+
+    def prompt_ranges(self, turn: int) -> list[tuple[int, int]]:
+        """Where `prompt_ids(turn)` lies in `tokens`: one or two [start, end) ranges."""
+        if not 0 <= turn <= len(self.turns):
+            raise IndexError(f"turn {turn} of a rollout with {len(self.turns)} turns")
+        end = self.turns[turn].output_start if turn < len(self.turns) else len(self.tokens)
+        n = self.memory_turns
+        if n is None or turn <= n:
+            return [(0, end)]
+        return [(0, self.prompt_length), (self.turns[turn - n].output_start, end)]
 
     @property
     def infra_failure(self) -> bool:

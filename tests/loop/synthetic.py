@@ -117,6 +117,32 @@ class WordSuite:
         return []
 
 
+@dataclass
+class MultiTurnWordEnv(WordEnv):
+    """Like `WordEnv`, but the episode lasts `turns` steps; the words of every step count."""
+
+    turns: int = 3
+    steps: int = 0
+
+    def step(self, code: str) -> str:
+        match = re.search(r'emit\("(.*)"\)', code, re.S)
+        self.words += (match.group(1) if match else "").split()
+        self.steps += 1
+        self.done = self.steps >= self.turns
+        return f"ok {self.steps}"
+
+
+class MultiTurnWordSuite(WordSuite):
+    """`WordSuite` with episodes of `turns` steps (for memory windows and per-turn credit)."""
+
+    def __init__(self, turns: int = 3) -> None:
+        super().__init__()
+        self.turns = turns
+
+    def make_env(self, task: Task, sandbox: Any) -> WordEnv:
+        return MultiTurnWordEnv(task, turns=self.turns)
+
+
 class NoSandboxPool:
     """The environment runs no code, so rollouts get no sandbox."""
 

@@ -16,8 +16,10 @@ from loop.losses import (
     clip_value,
     clipped_objective,
     clipped_surrogate_loss,
+    clipped_value_loss,
     cross_entropy_loss,
     kl_estimates,
+    kl_penalty,
     reinforce_loss,
     token_kl_estimates,
 )
@@ -434,3 +436,57 @@ def test_cross_entropy_by_hand() -> None:
     # With old log-probs (expert iteration) the KL diagnostics are filled in.
     old = t64([[-1.5, -2.0, NAN, -0.5], [NAN, NAN, NAN, NAN]])
     close(cross_entropy_loss(lp, m, old_logprobs=old).log_ratio_sum, [0.5, 0.0])
+
+
+# ------------------------------------------------------------------- value loss and KL penalty
+
+
+def test_clipped_value_loss_by_hand() -> None:
+    # Output tokens 1 and 2 (token 0 is a prompt token holding junk), clip 0.2:
+    # tok 1: V 0.4, old 0.3, R 1: (0.4-1)^2 = 0.36; V_clip = 0.4 (inside the band): 0.36
+    # tok 2: V 0.9, old 0.3, R 1: (0.9-1)^2 = 0.01; V_clip = 0.3 + 0.2 = 0.5: 0.25 (clipped)
+    # loss = 1/2 (0.36 + 0.25) / 2 = 0.1525; clipfrac 1/2; error (0.36 + 0.01) / 2 = 0.185
+    values = torch.tensor([[7.0, 0.4, 0.9]], requires_grad=True)
+    old = torch.tensor([[7.0, 0.3, 0.3]])
+    returns = torch.tensor([[7.0, 1.0, 1.0]])
+    mask = torch.tensor([[False, True, True]])
+    out = clipped_value_loss(values, old, returns, mask, clip_eps=0.2)
+    torch.testing.assert_close(out.loss, torch.tensor([0.1525]))
+    torch.testing.assert_close(out.clipped, torch.tensor([0.5]))
+    torch.testing.assert_close(out.error, torch.tensor([0.185]))
+    out.loss.sum().backward()
+    # d/dV of 1/2 (V - R)^2 / 2 at tok 1 = (0.4 - 1) / 2 = -0.3; tok 2 clipped: no gradient
+    assert values.grad is not None
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.3, 0.0]]))
+
+
+def test_clipped_value_loss_weights_and_no_clip_by_hand() -> None:
+    values = torch.tensor([[0.4, 0.9]])
+    old, returns = torch.tensor([[0.3, 0.3]]), torch.tensor([[1.0, 1.0]])
+    mask = torch.tensor([[True, True]])
+    # First token of the turn weighs 3: loss = 1/2 (3 * 0.36 + 0.25) / 4 = 0.16625,
+    # clipfrac 1/4, error (3 * 0.36 + 0.01) / 4 = 0.2725
+    out = clipped_value_loss(values, old, returns, mask, weights=torch.tensor([[3.0, 1.0]]))
+    torch.testing.assert_close(out.loss, torch.tensor([0.16625]))
+    torch.testing.assert_close(out.clipped, torch.tensor([0.25]))
+    torch.testing.assert_close(out.error, torch.tensor([0.2725]))
+    # No clipping: 1/2 (0.36 + 0.01) / 2 = 0.0925
+    out = clipped_value_loss(values, old, returns, mask, clip_eps=None)
+    torch.testing.assert_close(out.loss, torch.tensor([0.0925]))
+    empty = clipped_value_loss(values, old, returns, torch.zeros(1, 2, dtype=torch.bool))
+    torch.testing.assert_close(empty.loss, torch.tensor([0.0]))
+
+
+def test_kl_penalty_k3_by_hand() -> None:
+    # tok 0: ref = logp: 0.  tok 1: ref - logp = 1: e^1 - 1 - 1 = e - 2.  tok 2 off the mask.
+    logprobs = torch.tensor([[-1.0, -2.0, -5.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0, float("nan")]])
+    mask = torch.tensor([[True, True, False]])
+    kl = kl_penalty(logprobs, ref, mask)
+    torch.testing.assert_close(kl, torch.tensor([(math.e - 2) / 2]))
+    kl.sum().backward()
+    # d/dlogp (e^(ref - logp) - (ref - logp) - 1) = 1 - e^(ref - logp): 0 and (1 - e), over 2
+    assert logprobs.grad is not None
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, (1 - math.e) / 2, 0.0]]))
+    same = kl_penalty(ref.nan_to_num(), ref.nan_to_num(), torch.ones(1, 3, dtype=torch.bool))
+    torch.testing.assert_close(same, torch.tensor([0.0]))

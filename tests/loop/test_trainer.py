@@ -5,7 +5,8 @@
 The learning tests run the real `train()` (real agent loop, hf generator, learner, advantages,
 losses, checkpoints) with the tiny Llama on tasks whose reward is the fraction of emitted
 words in a target set (tests/loop/synthetic.py): LOOP must raise the reward clearly, and the
-same run with the advantage's sign flipped must not. The resume test SIGKILLs a training
+same run with the advantage's sign flipped must not; so must the learned-critic methods (PPO
+with a value head and GAE, Verlog's dual-discount GAE). The resume test SIGKILLs a training
 process in the middle of an iteration and checks that resuming reproduces the uninterrupted
 run exactly (CPU, deterministic settings).
 """
@@ -78,6 +79,39 @@ def test_a_sign_flipped_advantage_does_not_raise_the_reward(
 
     monkeypatch.setattr(credit, "compute_loo_advantages", flipped)
     curve = rewards(run_synthetic(tmp_path, 6))
+    assert sum(curve[-2:]) / 2 < curve[0], curve
+
+
+# The value head learns at 1e-2 here, so that V tracks the mean reward within a few
+# iterations; before that A = R - V is positive for every rollout.
+CRITIC_LR = "critic.lr=0.01"
+
+
+@pytest.mark.parametrize("method", ["gae", "verlog"])
+def test_learned_critic_methods_raise_the_reward(tmp_path: Path, method: str) -> None:
+    records = run_synthetic(tmp_path, 6, f"train.advantage={method}", CRITIC_LR)
+    curve = rewards(records)
+    assert max(curve[-2:]) > curve[0] + 0.25, curve
+    assert sum(curve[-2:]) / 2 > 0.75, curve
+    assert records[-1]["loss/value"] < records[0]["loss/value"], records  # the critic learns
+
+
+@pytest.mark.parametrize(
+    ("method", "function"), [("gae", "compute_gae"), ("verlog", "compute_dual_discount_gae")]
+)
+def test_learned_critic_with_a_sign_flipped_advantage_does_not_raise_the_reward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, function: str
+) -> None:
+    from loop import critic
+
+    original = getattr(critic, function)
+
+    def flipped(*args, **kwargs):  # the policy's advantages flipped; the critic's targets kept
+        out = original(*args, **kwargs)
+        return out._replace(advantages=-out.advantages)
+
+    monkeypatch.setattr(critic, function, flipped)
+    curve = rewards(run_synthetic(tmp_path, 6, f"train.advantage={method}", CRITIC_LR))
     assert sum(curve[-2:]) / 2 < curve[0], curve
 
 

@@ -1,0 +1,123 @@
+"""What the learner measures: the terms of a micro-batch's loss, one iteration's statistics, and
+the parity of the learner's log-probs with the sampler's (loop/learner.py does the learning).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from loop.batch import Sample
+from loop.losses import PolicyLoss, ValueLoss
+
+
+class Losses(NamedTuple):
+    """The per-sequence terms of one micro-batch (None: the term is off)."""
+
+    total: Tensor  # (B,) what is backpropagated: policy + kl_coef * KL + coef * value
+    policy: PolicyLoss | None  # None while the actor is frozen (critic warm-up)
+    value: ValueLoss | None
+    kl_ref: Tensor | None  # (B,) k3 to the reference
+
+
+@dataclass
+class LearnStats:
+    """What one iteration of learning did (summed or averaged over its steps)."""
+
+    optimizer_steps: int = 0
+    skipped_nan: int = 0
+    skipped_high_kl: int = 0
+    stopped_early: bool = False
+    losses: list[float] = field(default_factory=list)
+    clip_fractions: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    kl_k1: list[float] = field(default_factory=list)
+    kl_k3: list[float] = field(default_factory=list)
+    trained_tokens: int = 0
+    value_losses: list[float] = field(default_factory=list)
+    value_errors: list[float] = field(default_factory=list)
+    value_clip_fractions: list[float] = field(default_factory=list)
+    kl_ref: list[float] = field(default_factory=list)
+    value_coef: float | None = None
+    actor_frozen: bool = False
+
+    def metrics(self) -> dict[str, float]:
+        """Namespaced scalars for the run log."""
+
+        def avg(values: list[float]) -> float:
+            return sum(values) / len(values) if values else math.nan
+
+        return {
+            "learn/optimizer_steps": self.optimizer_steps,
+            "learn/skipped_nan_steps": self.skipped_nan,
+            "learn/skipped_high_kl": self.skipped_high_kl,
+            "learn/stopped_early": float(self.stopped_early),
+            "loss/policy": avg(self.losses),
+            "loss/clipfrac": avg(self.clip_fractions),
+            "loss/grad_norm": avg(self.grad_norms),
+            "loss/grad_norm_max": max(self.grad_norms, default=math.nan),
+            "loss/kl_k1": avg(self.kl_k1),
+            "loss/kl_k3": avg(self.kl_k3),
+            "learn/trained_tokens": self.trained_tokens,
+        } | self._optional_metrics(avg)
+
+    def _optional_metrics(self, avg: Callable[[list[float]], float]) -> dict[str, float]:
+        """The critic's and the reference KL's metrics, only when those terms are on."""
+        out: dict[str, float] = {}
+        if self.value_coef is not None:
+            out |= {
+                "loss/value": avg(self.value_losses),
+                "loss/value_mse": avg(self.value_errors),
+                "loss/value_clipfrac": avg(self.value_clip_fractions),
+                "loss/value_coef": self.value_coef,
+                "learn/actor_frozen": float(self.actor_frozen),
+            }
+        if self.kl_ref:
+            out["loss/kl_ref"] = avg(self.kl_ref)
+        return out
+
+
+def parity_stats(samples: Sequence[Sample]) -> dict[str, float]:
+    """How far the learner's old log-probs are from the sampler's, over output tokens.
+
+    Only tokens with a finite sampler log-prob count. Returns `recompute/*` metrics: mean and
+    max |delta log p|; mean, max, p95 and p99 of |delta p|; min and max of p_learner/p_sampler.
+    """
+    learner, sampler = [], []
+    for sample in samples:
+        assert sample.old_logprobs is not None
+        known = sample.is_output & torch.isfinite(sample.sampler_logprobs)
+        learner.append(sample.old_logprobs[known].double())
+        sampler.append(sample.sampler_logprobs[known].double())
+    if not learner or sum(len(x) for x in learner) == 0:
+        return {"recompute/tokens": 0.0}
+    new, old = torch.cat(learner), torch.cat(sampler)
+    dlogp = (new - old).abs()
+    dp = (new.exp() - old.exp()).abs()
+    ratio = (new - old).exp()
+    return {
+        "recompute/tokens": float(len(new)),
+        "recompute/abs_logprob_diff_mean": float(dlogp.mean()),
+        "recompute/abs_logprob_diff_max": float(dlogp.max()),
+        "recompute/abs_prob_diff_mean": float(dp.mean()),
+        "recompute/abs_prob_diff_max": float(dp.max()),
+        "recompute/abs_prob_diff_p95": float(torch.quantile(dp, 0.95)),
+        "recompute/abs_prob_diff_p99": float(torch.quantile(dp, 0.99)),
+        "recompute/ratio_min": float(ratio.min()),
+        "recompute/ratio_max": float(ratio.max()),
+    }
+
+
+def record_extras(losses: Losses, stats: LearnStats) -> None:
+    """Per-micro-batch means of the value loss and the reference KL (when on)."""
+    if losses.value is not None:
+        stats.value_losses.append(float(losses.value.loss.detach().mean()))
+        stats.value_errors.append(float(losses.value.error.mean()))
+        stats.value_clip_fractions.append(float(losses.value.clipped.mean()))
+    if losses.kl_ref is not None:
+        stats.kl_ref.append(float(losses.kl_ref.detach().mean()))

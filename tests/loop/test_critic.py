@@ -1,0 +1,287 @@
+"""The value head and its learner step (loop/critic.py), and the KL to the adapter-disabled
+reference: shapes, schedules and weights by hand, GAE on a sample by hand, the warm-up freezing
+the actor, no value gradient in the body by default, save and restore, and reference log-probs
+equal to the base model's.
+
+Run: python -m pytest tests/loop/test_critic.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from loop.batch import Sample
+from loop.config import ConfigError, load_config
+from loop.critic import (
+    Critic,
+    ValueHead,
+    assign_gae,
+    first_token_weights,
+    head_widths,
+    value_coef,
+)
+from loop.learner import Learner
+from loop.logprobs import token_logprobs, values_from_hidden
+from loop.policy import Policy
+from tests.loop.conftest import tiny_llama
+from tests.loop.synthetic import code_word_tokenizer, synthetic_policy
+
+T, F = True, False
+
+
+def test_head_widths_follow_the_paper_and_start_at_zero() -> None:
+    assert head_widths(5120, []) == (3072, 2048)  # [P]: 5120 -> 3072 -> 2048 -> 1
+    assert head_widths(64, [8, 4]) == (8, 4)
+    head = ValueHead(64, (38, 26))
+    assert [m.out_features for m in head.net if isinstance(m, torch.nn.Linear)] == [38, 26, 1]
+    assert torch.equal(head(torch.randn(5, 64)), torch.zeros(5))  # last layer zero: V = 0
+
+
+def test_value_coef_decays_linearly_then_stays() -> None:
+    # [P]: 0.1 -> 0.001 over 200 iterations: at 100, 0.1 + (0.001 - 0.1) / 2 = 0.0505
+    coefs = [value_coef(i, coef=0.1, coef_final=0.001, decay_iterations=200)
+             for i in (0, 100, 200, 300)]  # fmt: skip
+    assert coefs == pytest.approx([0.1, 0.0505, 0.001, 0.001])
+
+
+def test_first_token_weights_by_hand() -> None:
+    # prompt, turn 0 (2 tokens), observation, turn 1 (2 tokens), padding
+    turn_ids = torch.tensor([[-1, 0, 0, -1, 1, 1, -1]])
+    mask = turn_ids >= 0
+    assert first_token_weights(turn_ids, mask, 5.0).tolist() == [[0, 5, 1, 0, 5, 1, 0]]
+
+
+def test_values_are_aligned_with_the_log_probs_and_chunking_changes_nothing() -> None:
+    torch.manual_seed(0)
+    head = ValueHead(8, (6, 4))
+    torch.nn.init.normal_(head.net[-1].weight)  # type: ignore[arg-type]
+    hidden = torch.randn(2, 5, 8)
+    values = values_from_hidden(head, hidden, chunk_size=3)
+    assert values.shape == (2, 5) and bool((values[:, 0] == 0).all())
+    # V of the state token t is sampled in: the head on hidden[t - 1]
+    torch.testing.assert_close(values[1, 3], head(hidden[1, 2:3])[0])
+    torch.testing.assert_close(values, values_from_hidden(head, hidden, chunk_size=100))
+
+
+def _two_turn_sample(reward: float) -> Sample:
+    # prompt p | turn 0: a0 a1 | observation o | turn 1: b0 b1
+    is_output = torch.tensor([F, T, T, F, T, T])
+    turn_ids = torch.tensor([-1, 0, 0, -1, 1, 1])
+    sample = Sample(
+        torch.arange(3, 9), is_output, torch.zeros(6), turn_ids, torch.zeros(6), reward=reward
+    )
+    sample.old_values = torch.tensor([9.0, 0.2, 0.4, 9.0, 0.5, 0.6])
+    return sample
+
+
+def test_assign_gae_by_hand() -> None:
+    # verlog with gamma_step 0.9, lambda_step 0.5 (tests/loop/test_gae.py has the derivation):
+    # A = [0.475, 0.275 | 0.5, 0.4], targets A + V = [0.675, 0.675 | 1, 1]
+    config = load_config(None, ["train.advantage=verlog", "critic.gamma_step=0.9",
+                                "critic.lambda_step=0.5"])  # fmt: skip
+    sample = _two_turn_sample(1.0)
+    metrics = assign_gae([sample], config)
+    torch.testing.assert_close(sample.advantages, torch.tensor([0, 0.475, 0.275, 0, 0.5, 0.4]))
+    assert sample.returns is not None
+    torch.testing.assert_close(sample.returns, torch.tensor([0, 0.675, 0.675, 0, 1.0, 1.0]))
+    assert metrics["critic/value_mean"] == pytest.approx((0.2 + 0.4 + 0.5 + 0.6) / 4)
+    # gae with gamma = lambda = 1 ([P]): A = R - V
+    sample = _two_turn_sample(1.0)
+    assign_gae([sample], load_config(None, ["train.advantage=gae"]))
+    torch.testing.assert_close(sample.advantages, torch.tensor([0, 0.8, 0.6, 0, 0.5, 0.4]))
+
+
+def _critic_learner(policy: Policy, **critic_args) -> Learner:
+    head = ValueHead(64, (16, 8))
+    critic = Critic(head, lr=1e-2, **critic_args)
+    return Learner(policy, lr=1e-2, weight_decay=0.0, minibatch_size=2, critic=critic)
+
+
+def _ready_samples(learner: Learner) -> list[Sample]:
+    config = load_config(None, ["train.advantage=gae"])
+    samples = [_two_turn_sample(1.0), _two_turn_sample(0.0)]
+    learner.recompute_old_logprobs(samples)
+    assign_gae(samples, config)
+    return samples
+
+
+def test_warm_up_freezes_the_actor_and_trains_the_head() -> None:
+    policy = synthetic_policy()
+    learner = _critic_learner(policy, warmup_iterations=1)
+    samples = _ready_samples(learner)
+    body = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    head = {k: v.clone() for k, v in learner.critic.head.state_dict().items()}  # type: ignore[union-attr]
+    stats = learner.learn(samples, seed=0, iteration=0)
+    assert stats.actor_frozen and stats.optimizer_steps == 2 and stats.value_losses
+    assert all(torch.equal(body[k], v) for k, v in policy.model.state_dict().items())
+    after = learner.critic.head.state_dict()  # type: ignore[union-attr]
+    assert any(not torch.equal(head[k], after[k]) for k in head)
+    stats = learner.learn(samples, seed=0, iteration=1)  # after the warm-up: the actor learns
+    assert not stats.actor_frozen
+    assert any(not torch.equal(body[k], v) for k, v in policy.model.state_dict().items())
+
+
+@pytest.mark.parametrize("grad_to_body", [False, True])
+def test_value_gradient_reaches_the_body_only_when_asked(grad_to_body: bool) -> None:
+    policy = synthetic_policy()
+    learner = _critic_learner(policy, grad_to_body=grad_to_body)
+    samples = _ready_samples(learner)
+    torch.nn.init.normal_(learner.critic.head.net[-1].weight)  # type: ignore[union-attr, arg-type]
+    batch = learner._collate(samples)
+    learner._value_loss(batch, learner._hidden(batch)).loss.sum().backward()
+    body_grads = [p.grad for p in policy.model.parameters() if p.grad is not None]
+    assert bool(body_grads) == grad_to_body
+
+
+def test_critic_state_is_saved_and_restored() -> None:
+    learner = _critic_learner(synthetic_policy())
+    learner.learn(_ready_samples(learner), seed=0)
+    state = learner.state_dict()
+    fresh = _critic_learner(synthetic_policy())
+    fresh.load_state_dict(state)
+    for key, value in learner.critic.head.state_dict().items():  # type: ignore[union-attr]
+        assert torch.equal(value, fresh.critic.head.state_dict()[key])  # type: ignore[union-attr]
+    assert fresh.critic.optimizer.state_dict()["state"]  # type: ignore[union-attr]
+    plain = Learner(synthetic_policy(), lr=1e-2, weight_decay=0.0).state_dict()
+    with pytest.raises(ValueError, match="no value head"):
+        fresh.load_state_dict(plain)
+
+
+# ------------------------------------------------------------- KL to the reference (GRPO)
+
+
+def _lora_policy() -> Policy:
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for name, param in model.named_parameters():  # a trained adapter: B no longer zero
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5)
+    tokenizer = code_word_tokenizer()
+    return Policy(model=model, tokenizer=tokenizer, device=torch.device("cpu"))
+
+
+def test_reference_log_probs_are_the_base_models() -> None:
+    policy = _lora_policy()
+    base = tiny_llama()  # the same seed: the weights under the adapter
+    learner = Learner(policy, lr=1e-3, weight_decay=0.0, kl_coef=0.1)
+    samples = [_two_turn_sample(1.0)]
+    learner.recompute_old_logprobs(samples)
+    ids = samples[0].tokens[None]
+    expected = token_logprobs(base, ids)[0]
+    assert samples[0].ref_logprobs is not None and samples[0].old_logprobs is not None
+    torch.testing.assert_close(samples[0].ref_logprobs, expected, rtol=0, atol=1e-5)
+    assert (samples[0].old_logprobs - expected)[1:].abs().max() > 1e-2  # the adapter is on
+    stats = learner.learn(samples, seed=0)
+    # At the first step the policy is the adapted model: k3 > 0 since it differs from the base
+    assert stats.kl_ref and stats.kl_ref[0] > 0 and math.isfinite(stats.kl_ref[0])
+    mean_kl = sum(stats.kl_ref) / len(stats.kl_ref)  # one value per step (2 epochs)
+    assert stats.metrics()["loss/kl_ref"] == pytest.approx(mean_kl)
+
+
+def test_kl_to_the_reference_is_refused_with_full_fine_tuning() -> None:
+    with pytest.raises(ConfigError, match=r"^train.kl_coef needs a LoRA policy"):
+        load_config(None, ["train.kl_coef=0.04", "model.lora_rank=0"])
+    with pytest.raises(ValueError, match="LoRA"):
+        Learner(synthetic_policy(), lr=1e-3, weight_decay=0.0, kl_coef=0.1)
+    with pytest.raises(ConfigError, match=r"critic\.gamma_step"):
+        load_config(None, ["critic.gamma_step=1.5"])
+
+
+def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from loop.generators.hf import HFGenerator
+    from loop.trainer import TrainParts, train
+    from tests.loop.synthetic import NoSandboxPool, WordSuite
+    from tests.loop.test_trainer import SYNTHETIC, rewards
+
+    args = [a for a in SYNTHETIC if not a.startswith("model.lora_rank")]
+    config = load_config(None, [
+        f"output_dir={tmp_path}", "name=kl", "train.iterations=2", *args, "model.lora_rank=4",
+        "train.advantage=grpo", "train.strictly_on_policy=true", "train.epochs=1",
+        "train.kl_coef=0.04", "train.lr=0.01",
+    ])  # fmt: skip
+    policy = synthetic_policy()
+    policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules="all-linear"))
+    parts = TrainParts(policy, HFGenerator(policy, max_batch_size=16), policy.tokenizer,
+                       WordSuite(), NoSandboxPool())  # fmt: skip
+    train(config, parts, show_progress=False)
+    lines = (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(rewards(records)) == 2
+    # Iteration 0's one step starts from B = 0: the policy is the reference, k3 = 0 exactly.
+    assert records[0]["loss/kl_ref"] == 0.0
+    assert records[1]["loss/kl_ref"] > 0.0  # after one step the adapter has moved
+
+
+def test_value_range_clamps_the_predictions() -> None:
+    head = ValueHead(4, (3, 2))
+    torch.nn.init.constant_(head.net[-1].bias, 2.0)  # type: ignore[arg-type]
+    critic = Critic(head, lr=1e-3, value_range=(0.0, 1.0))
+    assert critic.clamp(torch.tensor([-0.5, 0.25, 2.0])).tolist() == [0.0, 0.25, 1.0]
+    assert Critic(head, lr=1e-3).clamp(torch.tensor([2.0])).tolist() == [2.0]
+    with pytest.raises(ConfigError, match="value_range"):
+        load_config(None, ["critic.value_range=[1, 0]"])
+
+
+def test_value_head_and_memory_window_refuse_several_learner_processes() -> None:
+    from loop.critic import check_one_process
+
+    check_one_process(load_config(None, ["train.advantage=gae"]), 1)
+    with pytest.raises(ConfigError, match=r"^train\.advantage gae: one learner process only$"):
+        check_one_process(load_config(None, ["train.advantage=gae"]), 4)
+    with pytest.raises(ConfigError, match=r"^agent\.memory_turns: one learner process only$"):
+        check_one_process(load_config(None, ["agent.memory_turns=2"]), 4)
+
+
+def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from loop.losses import clipped_value_loss
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            self.shapes += [tuple(t.shape) for t in tree_flatten(out)[0]
+                            if isinstance(t, torch.Tensor)]  # fmt: skip
+            return out
+
+    head = ValueHead(64, head_widths(64, []))  # 38, 26: no width equals the vocabulary (300)
+    hidden = torch.randn(1, 40, 64)
+    mask = torch.ones(1, 40, dtype=torch.bool)
+    with Shapes() as mode:
+        values = values_from_hidden(head, hidden, chunk_size=16)
+        clipped_value_loss(values, values.detach(), torch.ones(1, 40), mask).loss.sum().backward()
+    assert mode.shapes and not any(300 in shape for shape in mode.shapes)
+    assert max(torch.Size(s).numel() for s in mode.shapes) <= 40 * 64  # at most the hidden states
+
+
+def test_assign_gae_writes_each_turns_mean_advantage_to_the_credit() -> None:
+    from loop.credit import Credit
+
+    sample = _two_turn_sample(1.0)
+    sample.source = 0
+    credit = Credit([[0.0, 0.0]], [0.0], [True], [True], 0, 0, [1.0])
+    assign_gae([sample], load_config(None, ["train.advantage=gae"]), credit)
+    # A = R - V: turn 0 (0.8 + 0.6) / 2 = 0.7, turn 1 (0.5 + 0.4) / 2 = 0.45
+    assert credit.turn_advantages[0] == pytest.approx([0.7, 0.45])
+
+
+def test_the_stress_test_runs_every_term_even_during_the_warm_up() -> None:
+    policy = synthetic_policy()
+    plain = Learner(policy, lr=1e-2, weight_decay=0.0).stress_test(64)
+    with_critic = _critic_learner(policy, warmup_iterations=5).stress_test(64)
+    # V = 0 (the head's last layer starts at zero), targets 1: value loss 1/2 (0 - 1)^2 = 0.5,
+    # times the coefficient 0.1: the policy loss plus 0.05, not the value loss alone.
+    assert with_critic == pytest.approx(plain + 0.05, abs=1e-6)
