@@ -183,6 +183,7 @@ def _hf_generator(config: RunConfig, policy: Any) -> Generator:
         max_batch_size=settings.max_batch_size,
         kv_reuse=settings.kv_reuse,
         kv_cache_mb=settings.kv_cache_mb,
+        torch_threads=settings.torch_threads,
     )
 
 

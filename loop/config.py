@@ -48,6 +48,7 @@ class GeneratorConfig:
     max_batch_size: int = 8  # hf: rows decoded together (continuous batching)
     kv_reuse: bool = True  # hf: reuse shared prompt prefixes and each rollout's previous turn
     kv_cache_mb: float = 1024  # hf: memory for cached prefixes and previous turns (LRU)
+    torch_threads: int | None = None  # hf: torch's CPU threads while sampling (None: as is)
     gpu_memory_utilization: float = 0.4  # vllm: share of (GPU or CPU KV) memory for the engine
     max_model_len: int = 8192  # vllm: longest sequence the engine plans for
     tensor_parallel_size: int = 1  # vllm: GPUs one engine spans
@@ -345,6 +346,10 @@ def _check_values(config: RunConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key}: must be > 0, got {value}")
+    if config.generator.torch_threads is not None and config.generator.torch_threads < 1:
+        raise ConfigError(
+            f"generator.torch_threads: must be >= 1, got {config.generator.torch_threads}"
+        )
     if (kv_cache_mb := config.generator.kv_cache_mb) < 0:
         raise ConfigError(f"generator.kv_cache_mb: must be >= 0, got {kv_cache_mb}")
     if config.sandbox.pool_size < 0:

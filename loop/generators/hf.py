@@ -86,16 +86,19 @@ class HFGenerator:
         max_batch_size: int = 8,
         kv_reuse: bool = True,
         kv_cache_mb: float = 1024,
+        torch_threads: int | None = None,
         batch_wait_s: float = 0.01,
     ):
-        if max_batch_size < 1 or batch_wait_s < 0 or kv_cache_mb < 0:
+        if max_batch_size < 1 or batch_wait_s < 0 or kv_cache_mb < 0 or (torch_threads or 1) < 1:
             raise ValueError(
                 f"bad hf generator settings: max_batch_size={max_batch_size}, "
-                f"kv_cache_mb={kv_cache_mb}, batch_wait_s={batch_wait_s}"
+                f"kv_cache_mb={kv_cache_mb}, torch_threads={torch_threads}, "
+                f"batch_wait_s={batch_wait_s}"
             )
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s  # the static path: how long a batch waits for more
+        self.torch_threads = torch_threads  # torch's CPU threads while sampling (None: as is)
         self.batches_run = 0  # forward batches: prefills and decode steps
         self.requests_served = 0
         self.tokens_generated = 0
@@ -235,7 +238,7 @@ class HFGenerator:
         once the model is back in its own mode (a caller may train it as soon as it has them)."""
         assert self.engine is not None
         try:
-            with self._model_lock, _sampling_mode(self.policy.model):
+            with self._model_lock, _sampling_mode(self.policy.model, self.torch_threads):
                 self._sync_weights()
                 for request in joining:
                     self._admit(request)
@@ -366,7 +369,7 @@ class HFGenerator:
         return [outcome for request in batch for outcome in self._serve([request])]
 
     def _sample_batch(self, batch: list[_Request]) -> list[Generation]:
-        with self._model_lock, _sampling_mode(self.policy.model):
+        with self._model_lock, _sampling_mode(self.policy.model, self.torch_threads):
             generations = sample_batch(
                 self.policy.model,
                 [request.prompt_token_ids for request in batch],
@@ -381,14 +384,19 @@ class HFGenerator:
 
 
 @contextlib.contextmanager
-def _sampling_mode(model: Any) -> Iterator[None]:
-    """Eval mode and no grad while sampling; each module's training flag restored after."""
+def _sampling_mode(model: Any, threads: int | None) -> Iterator[None]:
+    """Eval mode, no grad and `threads` torch threads while sampling; restored after (the
+    learner, which trains this same model between rollouts, keeps its own thread count)."""
     flags = [(module, module.training) for module in model.modules()]
+    before = torch.get_num_threads()
     model.eval()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         with torch.no_grad():
             yield
     finally:
+        torch.set_num_threads(before)
         for module, training in flags:
             module.training = training
 

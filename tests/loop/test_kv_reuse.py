@@ -279,3 +279,20 @@ async def test_the_engine_equals_the_reference_on_each_supported_layout(tiny_pol
         )
     assert generator.cache.stats.retained_hits == 3
     await generator.close()
+
+
+@pytest.mark.parametrize("kv_reuse", [True, False])
+async def test_sampling_runs_with_its_own_thread_count_then_restores_it(tiny_policy, kv_reuse):
+    seen: list[int] = []
+    tiny_policy.model.model.embed_tokens.register_forward_hook(
+        lambda *_: seen.append(torch.get_num_threads())
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generator = HFGenerator(tiny_policy, torch_threads=1, kv_reuse=kv_reuse)
+        await generator.generate(task_prompts(1)[0], sampled(0))
+        assert set(seen) == {1} and torch.get_num_threads() == 2
+        await generator.close()
+    finally:
+        torch.set_num_threads(before)
