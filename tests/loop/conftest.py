@@ -33,19 +33,25 @@ def tiny_tokenizer():
     )
 
 
+# The tiny models' shape: hidden 64, 2 layers, 4 heads (2 KV heads), vocab 300.
+TINY_SHAPE = {
+    "vocab_size": TINY_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.5,
+}
+
+
 def tiny_llama(*, tie_word_embeddings: bool = False, seed: int = 0):
-    """A random LlamaForCausalLM: hidden 64, 2 layers, 4 heads (2 KV heads), vocab 300."""
+    """A random LlamaForCausalLM of `TINY_SHAPE`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.5,
+        **TINY_SHAPE,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=1,
         eos_token_id=EOS_ID,

@@ -20,7 +20,7 @@ from loop.generators.engine import DecoderEngine, Row, supports
 from loop.generators.hf import HFGenerator
 from loop.generators.kvcache import KVStore, common_prefix_length
 from loop.policy import LoraSettings, Policy, load_policy
-from tests.loop.conftest import TINY_VOCAB
+from tests.loop.conftest import TINY_SHAPE, TINY_VOCAB
 
 SHARED = list(range(10, 50))  # a "system prompt" every request starts with
 
@@ -246,18 +246,7 @@ def tiny_model(model_type: str):
     """A random 2-layer model of `model_type` (qwen2: q/k/v biases; qwen3: per-head q/k norms)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        initializer_range=0.5,
-    )
+    config = AutoConfig.for_model(model_type, **TINY_SHAPE, head_dim=16)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).eval()
 
