@@ -9,6 +9,7 @@ marked `slow`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -75,6 +76,24 @@ def tiny_policy() -> Policy:
     tokenizer = tiny_tokenizer()
     tokenizer.pad_token = tokenizer.eos_token
     return Policy(model=tiny_llama(), tokenizer=tokenizer, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """SmolLM2-135M-Instruct's tokenizer (a test module may define its own)."""
+    from transformers import AutoTokenizer
+
+    from loop.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="module")
+def suite() -> Any:
+    """The built-in app world."""
+    from tasks import get_suite
+
+    return get_suite("apptown")
 
 
 @pytest.fixture(scope="session")

@@ -18,11 +18,9 @@ import pytest
 from loop.agent import NO_CODE, ChatGlue, extract_code, run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generation, GeneratorError, SamplingParams
-from loop.models import resolve_model
 from loop.prompt import worked_example
 from loop.rollout import RolloutJob, collect_rollouts
 from sandbox import KernelPool
-from tasks import get_suite
 
 pytestmark = pytest.mark.slow
 
@@ -58,18 +56,6 @@ class ScriptedGenerator:
 
     async def close(self) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
-
-
-@pytest.fixture(scope="module")
-def suite() -> Any:
-    return get_suite("apptown")
 
 
 @pytest.fixture(scope="module")

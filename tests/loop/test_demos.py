@@ -28,25 +28,11 @@ from loop.demos import (
     play,
     statements,
 )
-from loop.models import resolve_model
 from loop.prompt import build_messages
 from sandbox import KernelPool
-from tasks import get_suite
 
 pytestmark = pytest.mark.slow
 SETTINGS = AgentConfig(max_turns=2, max_new_tokens=400, max_context_tokens=4096)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
-
-
-@pytest.fixture(scope="module")
-def suite() -> Any:
-    return get_suite("apptown")
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,10 @@ import pytest
 from loop.config import AgentConfig
 from loop.generators.base import Generation, SamplingParams
 from loop.generators.scripted import ScriptedGenerator
-from loop.models import resolve_model
 from loop.prompt import worked_example
 from loop.rollout import RolloutJob, collect_rollouts
 from loop.trajectory import Trajectory
 from sandbox import KernelPool
-from tasks import get_suite
 from tasks.apptown.scenario import login_cell
 
 pytestmark = pytest.mark.slow
@@ -34,18 +32,6 @@ CHAN = (
     "import os, ipykernel.connect\nchan = os.path.dirname(ipykernel.connect.get_connection_file())"
 )
 COMPLETE = "apis.supervisor.complete_task()"
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
-
-
-@pytest.fixture(scope="module")
-def suite() -> Any:
-    return get_suite("apptown")
 
 
 @pytest.fixture(scope="module")
