@@ -10,14 +10,19 @@ which a policy can raise only by changing which tokens it samples.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from loop.config import load_config
+from loop.generators.hf import HFGenerator
 from loop.policy import Policy
+from loop.trainer import TrainParts, train
 from tasks.core import Task, TestReport, TestResult
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 
@@ -151,3 +156,35 @@ class NoSandboxPool:
 
     async def release_async(self, sandbox: Any) -> None:
         return None
+
+
+# The synthetic training run of tests/loop/test_trainer.py and test_golden_curve.py.
+SYNTHETIC = [
+    "model.lora_rank=0", "agent.max_turns=1", "agent.max_new_tokens=6",
+    "agent.max_context_tokens=4000", "train.tasks_per_iteration=2",
+    "train.rollouts_per_task=8", "train.min_rollouts_per_task=8", "train.rollouts_fraction=1.0",
+    "train.epochs=2", "train.minibatch_size=8", "train.lr=0.001", "train.max_grad_norm=1.0",
+    "train.eval_every=0", "train.tensorboard=false", "train.stress_test=false",
+    "train.max_concurrent_rollouts=16",
+]  # fmt: skip
+
+
+def run_synthetic(
+    tmp_path: Path, iterations: int, *extra: str, max_batch_size: int = 16
+) -> list[dict[str, Any]]:
+    """Train the synthetic policy on `WordSuite` for `iterations`; the metrics.jsonl records.
+
+    `max_batch_size=1` makes the run bit-for-bit reproducible: the hf generator then never
+    batches rollouts whose composition (and so padding and float rounding) depends on timing.
+    """
+    config = load_config(
+        None, [f"output_dir={tmp_path}", "name=synth", f"train.iterations={iterations}",
+               *SYNTHETIC, *extra],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    policy = synthetic_policy()
+    generator = HFGenerator(policy, max_batch_size=max_batch_size)
+    parts = TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
+    train(config, parts, show_progress=False)
+    lines = (tmp_path / "synth" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]

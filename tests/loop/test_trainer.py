@@ -25,36 +25,17 @@ import torch
 
 from loop import checkpoint, credit
 from loop.config import ConfigError, load_config
-from loop.generators.hf import HFGenerator
 from loop.learner import Learner
 from loop.sampler import TaskSampler
-from loop.trainer import TrainParts, check_trainable, horizon, train
+from loop.trainer import check_trainable, horizon
 from loop.trajectory import Trajectory, Turn
-from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy
+from tests.loop.synthetic import (
+    SYNTHETIC,
+    run_synthetic,
+    synthetic_policy,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-SYNTHETIC = [
-    "model.lora_rank=0", "agent.max_turns=1", "agent.max_new_tokens=6",
-    "agent.max_context_tokens=4000", "train.tasks_per_iteration=2",
-    "train.rollouts_per_task=8", "train.min_rollouts_per_task=8", "train.rollouts_fraction=1.0",
-    "train.epochs=2", "train.minibatch_size=8", "train.lr=0.001", "train.max_grad_norm=1.0",
-    "train.eval_every=0", "train.tensorboard=false", "train.stress_test=false",
-    "train.max_concurrent_rollouts=16",
-]  # fmt: skip
-
-
-def run_synthetic(tmp_path: Path, iterations: int, *extra: str) -> list[dict]:
-    config = load_config(
-        None, [f"output_dir={tmp_path}", "name=synth", f"train.iterations={iterations}",
-               *SYNTHETIC, *extra],
-    )  # fmt: skip
-    torch.manual_seed(0)
-    policy = synthetic_policy()
-    generator = HFGenerator(policy, max_batch_size=16)
-    parts = TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
-    train(config, parts, show_progress=False)
-    lines = (tmp_path / "synth" / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def rewards(records: list[dict]) -> list[float]:
@@ -160,7 +141,13 @@ import torch
 import loop.trainer as trainer
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
-from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy
+from tests.loop.synthetic import (
+    SYNTHETIC,
+    NoSandboxPool,
+    WordSuite,
+    run_synthetic,
+    synthetic_policy,
+)
 
 kill_at = int(os.environ.get("KILL_AT", "-1"))
 original_learn = trainer.learn
