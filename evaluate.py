@@ -3,7 +3,8 @@
     python evaluate.py --config configs/quickstart.yaml --split dev [--checkpoint DIR]
                        [--limit N] [--rollouts-per-task K] [key=value ...]
 
-Thin by design: parse, load the config, hand over to `loop.evaluation.evaluate`. Results go to
+Thin by design: parse, load the config, build (`loop.build.build_evaluation`), hand over to
+`loop.evaluation.evaluate`. Results go to
 `<output_dir>/<name>/eval/<split>/` (rollouts.jsonl, metrics.json, config.yaml).
 """
 
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
+    from loop.build import build_evaluation
     from loop.config import ConfigError, load_config
     from loop.evaluation import evaluate
 
@@ -47,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint is not None and not args.checkpoint.is_dir():
         parser.error(f"checkpoint directory not found: {args.checkpoint}")
     try:
-        evaluate(config, args.checkpoint)
+        parts = build_evaluation(config, args.checkpoint)
+        evaluate(
+            config, suite=parts.suite, generator=parts.generator, tokenizer=parts.tokenizer,
+            pool=parts.pool,
+        )  # fmt: skip
     except ConfigError as exc:
         parser.error(str(exc))
     except KeyboardInterrupt:

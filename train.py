@@ -1,13 +1,15 @@
 """Train an agent with LOOP: `python train.py --config configs/<name>.yaml [key=value ...]`.
 
-Thin by design: parse the command line, then `loop.trainer.main` loads the config, builds the
-model, generator, suite and sandboxes, and trains. Running the same command again resumes from
-the run's last checkpoint. Several learner processes: launch with `torchrun` (see README).
+Thin by design: parse the command line, load the config (`loop.config`), build the model,
+generator, suite and sandboxes (`loop.build.build_training`), and train (`loop.trainer.train`).
+Running the same command again resumes from the run's last checkpoint. Several learner
+processes: launch with `torchrun` (see README).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -20,9 +22,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.config.is_file():
         parser.error(f"config file not found: {args.config}")
-    from loop.trainer import main as train_main
+    return run(args.config, args.overrides)
 
-    return int(train_main(args.config, args.overrides))
+
+def run(config_path: Path, overrides: list[str]) -> int:
+    """Load, build, train; a bad config is one line, not a traceback."""
+    from loop.build import build_training
+    from loop.config import ConfigError, load_config
+    from loop.trainer import check_trainable, train
+
+    try:
+        config = load_config(config_path, overrides)
+        check_trainable(config)
+        with build_training(config) as parts:
+            metrics = train(config, parts)
+    except ConfigError as exc:
+        print(f"train.py: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("train.py: interrupted; run the same command again to resume from the last "
+              "checkpoint", file=sys.stderr)  # fmt: skip
+        return 130
+    print(
+        f"done: {config.run_dir} (final reward {metrics.get('rollout/reward_mean', math.nan):.3f})"
+    )
+    return 0
 
 
 if __name__ == "__main__":

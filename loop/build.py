@@ -1,53 +1,79 @@
 """The one place that turns a `RunConfig` into objects: suite, sandbox pool, tokenizer, generator.
 
-Components take plain arguments (STYLE.md habit 5); only this module reads the config. The
-`hf` backend loads the policy model (and samples with that very object); `vllm` and `openai`
-need only the tokenizer on our side, so no second copy of the weights is loaded for them.
+Components take plain arguments (STYLE.md habit 5); only this module reads the config to build
+them, and only the two CLIs import it: `build_training` makes the `TrainParts` that
+`loop.trainer.train` runs on, `build_evaluation` the `EvalParts` of `loop.evaluation.evaluate`.
+The `hf` backend loads the policy model (and samples with that very object); `vllm` and
+`openai` need only the tokenizer on our side, so no second copy of the weights is loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loop.config import ConfigError, RunConfig
 from loop.generators.base import Generator, GeneratorError
 from loop.models import resolve_model
+from loop.policy import Policy
+from loop.rollout import SandboxPool
 from sandbox import KernelPool, Limits
-from tasks import get_suite
+from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
 
 
-def build_suite(config: RunConfig) -> Any:
-    """The task suite named by `config.suite`.
+@dataclass
+class TrainParts:
+    """What the trainer runs on (`loop.trainer.Parts`), built by `build_training` or a test."""
 
-    `appworld` reads its data root from $APPWORLD_ROOT (its venv from $APPWORLD_VENV or
-    .venv-appworld/); its engine processes play the sandbox's part, so they take the sandbox
-    section's pool size, cell time limit and output cap. A missing root or venv is a one-line
-    ConfigError naming the fix.
-    """
-    import os
+    policy: Policy  # the one model copy the learner trains
+    generator: Generator
+    tokenizer: Any
+    suite: TaskSuite
+    pool: SandboxPool  # entered: sandboxes for the rollouts
 
-    from tasks.appworld.venv import AppWorldSetupError
 
+@dataclass
+class EvalParts:
+    """What `loop.evaluation.evaluate` runs on; `pool` is entered by the evaluation."""
+
+    suite: TaskSuite
+    generator: Generator
+    tokenizer: Any
+    pool: KernelPool
+
+
+def build_suite(config: RunConfig) -> TaskSuite:
+    """The task suite named by `config.suite`, from the run's plain values (each suite's
+    registry entry takes what it uses, tasks/registry.py). A suite that cannot run here (no
+    AppWorld root or venv) is a one-line ConfigError naming the fix."""
+    settings = RunSettings(
+        seed=config.seed,
+        pool_size=config.sandbox.pool_size,
+        timeout_s=config.sandbox.cell_timeout_s,
+        max_output_chars=config.sandbox.max_output_chars,
+    )
     try:
-        if config.suite == "appworld":
-            return get_suite(
-                "appworld",
-                root=os.environ.get("APPWORLD_ROOT"),
-                pool_size=config.sandbox.pool_size,
-                timeout_s=config.sandbox.cell_timeout_s,
-                max_output_chars=config.sandbox.max_output_chars,
-            )
-        return get_suite(config.suite, seed=config.seed)
+        return suite_for_run(config.suite, settings)
     except KeyError as exc:
         raise ConfigError(f"suite: {exc.args[0] if exc.args else config.suite}") from None
-    except AppWorldSetupError as exc:
-        raise ConfigError(f"suite appworld: {exc}") from None
+    except SuiteSetupError as exc:
+        raise ConfigError(f"suite {config.suite}: {exc}") from None
 
 
-def check_splits(config: RunConfig, suite: Any) -> None:
+def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalParts:
+    """The suite (splits checked), the generator with `checkpoint` applied, and a sandbox pool
+    sized for `eval.max_concurrent_rollouts` (not entered yet)."""
+    suite = build_suite(config)
+    check_splits(config, suite)
+    generator, tokenizer = build_generator(config, checkpoint)
+    size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
+    return EvalParts(suite, generator, tokenizer, build_pool(config, size=size))
+
+
+def check_splits(config: RunConfig, suite: TaskSuite) -> None:
     """Every split the config names exists in the suite (else a one-line ConfigError)."""
     named = {"train.split": config.train.split, "eval.split": config.eval.split}
     named |= {f"eval.more_splits[{i}]": s for i, s in enumerate(config.eval.more_splits)}
@@ -118,13 +144,12 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
 
 
 @contextlib.contextmanager
-def build_training(config: RunConfig) -> Iterator[Any]:
+def build_training(config: RunConfig) -> Iterator[TrainParts]:
     """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
     import torch
 
     from loop import distributed
     from loop.policy import LoraSettings, load_policy
-    from loop.trainer import TrainParts
 
     distributed.init_from_env()  # under torchrun / accelerate launch; before the model loads
     _set_torch_threads(config)

@@ -29,8 +29,9 @@ from typing import Any, Literal
 from loop.config import AgentConfig
 from loop.generators.scripted import Message, ScriptedGenerator
 from loop.prompt import format_assistant
-from loop.rollout import RolloutJob, collect_rollouts
+from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
 from loop.trajectory import Trajectory
+from tasks import SandboxLike, Task, TaskSuite
 
 DemoStyle = Literal["episode", "paper"]
 PAPER_OBSERVATION = "Execution successful."
@@ -126,10 +127,10 @@ def assistant_messages(traj: Trajectory) -> list[str]:
 
 
 async def play(
-    scripts: Sequence[tuple[Any, Sequence[Message]]],
+    scripts: Sequence[tuple[Task, Sequence[Message]]],
     *,
-    suite: Any,
-    pool: Any,
+    suite: TaskSuite,
+    pool: SandboxPool,
     tokenizer: Any,
     settings: AgentConfig,
     example: list[dict[str, str]],
@@ -143,7 +144,7 @@ async def play(
     still runs for real, so the final state and the reward are the real ones).
     """
     slots = asyncio.Semaphore(max_concurrent)
-    env_suite = _PaperObservations(suite) if paper_observations else suite
+    env_suite: TaskSuite = _PaperObservations(suite) if paper_observations else suite
 
     async def one(index: int, task: Any, messages: Sequence[Message]) -> Trajectory:
         generator = ScriptedGenerator(tokenizer, messages)
@@ -187,12 +188,25 @@ def read_successful_rollouts(paths: Sequence[Path | str], min_reward: float) -> 
 class _PaperObservations:
     """A suite whose environments answer every cell with "Execution successful."."""
 
-    def __init__(self, suite: Any) -> None:
+    def __init__(self, suite: TaskSuite) -> None:
         self.suite = suite
         self.name = suite.name
-        self.uses_sandbox = getattr(suite, "uses_sandbox", True)
+        self.uses_sandbox = suite.uses_sandbox
 
-    def make_env(self, task: Any, sandbox: Any) -> Any:
+    @property
+    def splits(self) -> dict[str, list[Task]]:
+        return self.suite.splits
+
+    def tasks(self, split: str) -> list[Task]:
+        return self.suite.tasks(split)
+
+    def task(self, task_id: str) -> Task:
+        return self.suite.task(task_id)
+
+    def example_messages(self) -> list[dict[str, str]]:
+        return self.suite.example_messages()
+
+    def make_env(self, task: Task, sandbox: SandboxLike | None) -> Any:
         return _PaperEnv(self.suite.make_env(task, sandbox))
 
 

@@ -5,6 +5,7 @@
 Writes `<run_dir>/eval/<split>/`: `config.yaml` (resolved), `rollouts.jsonl` (one trajectory per
 line, appended as each finishes, so an interrupted evaluation keeps what it completed) and
 `metrics.json`. The trainer's periodic dev evaluation calls `run_evaluation` too: one code path.
+evaluate.py builds the parts (`loop.build.build_evaluation`) and hands them to `evaluate`.
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from loop.build import build_generator, build_pool, build_suite, check_splits
 from loop.config import RunConfig
 from loop.generators.base import Generator
 from loop.metrics import compute_metrics
 from loop.prompt import prompt_example
-from loop.rollout import RolloutJob, collect_rollouts
+from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
 from loop.trajectory import Trajectory
+from sandbox import KernelPool
+from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
 
 
-def eval_jobs(tasks: list[Any], rollouts_per_task: int, seed: int) -> list[RolloutJob]:
+def eval_jobs(tasks: list[Task], rollouts_per_task: int, seed: int) -> list[RolloutJob]:
     """Every (task, sample) pair, with a seed derived from (seed, task index, sample)."""
     return [
         RolloutJob(task, k, seed=seed * 1_000_003 + i * 1009 + k)
@@ -55,8 +57,8 @@ def eval_agent_settings(config: Any) -> Any:
 async def run_evaluation(
     config: RunConfig,
     *,
-    suite: Any,
-    pool: Any,
+    suite: TaskSuite,
+    pool: SandboxPool,
     generator: Generator,
     tokenizer: Any,
     out_dir: Path,
@@ -104,20 +106,19 @@ async def run_evaluation(
     return metrics
 
 
-def evaluate(config: RunConfig, checkpoint: Path | None = None) -> dict[str, float]:
-    """Build everything from the config, evaluate, print a summary table; returns the metrics."""
+def evaluate(
+    config: RunConfig, *, suite: TaskSuite, generator: Generator, tokenizer: Any, pool: KernelPool
+) -> dict[str, float]:
+    """Evaluate `eval.split` with the built parts (the pool is entered and closed here, the
+    generator closed), print a summary table; returns the metrics."""
     started = time.monotonic()
-    suite = build_suite(config)
-    check_splits(config, suite)
-    generator, tokenizer = build_generator(config, checkpoint)
     out_dir = config.run_dir / "eval" / config.eval.split
-    size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
 
     async def main() -> dict[str, float]:
         try:
-            with build_pool(config, size=size) as pool:
+            with pool as entered:
                 return await run_evaluation(
-                    config, suite=suite, pool=pool, generator=generator,
+                    config, suite=suite, pool=entered, generator=generator,
                     tokenizer=tokenizer, out_dir=out_dir,
                 )  # fmt: skip
         finally:

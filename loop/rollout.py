@@ -15,19 +15,28 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generator
 from loop.trajectory import RolloutStatus, Trajectory
+from tasks import Environment, Task, TaskSuite
+
+
+class SandboxPool(Protocol):
+    """Where rollouts get their sandboxes (`sandbox.KernelPool`; tests pass stand-ins)."""
+
+    async def acquire_async(self) -> Any: ...
+
+    async def release_async(self, sandbox: Any) -> None: ...
 
 
 @dataclass(frozen=True)
 class RolloutJob:
     """One rollout to run: which task, which of its K samples, which seed."""
 
-    task: Any
+    task: Task
     sample_index: int
     seed: int
 
@@ -35,8 +44,8 @@ class RolloutJob:
 async def collect_rollouts(
     jobs: Sequence[RolloutJob],
     *,
-    suite: Any,
-    pool: Any,
+    suite: TaskSuite,
+    pool: SandboxPool,
     generator: Generator,
     tokenizer: Any,
     settings: AgentConfig,
@@ -80,8 +89,8 @@ async def collect_rollouts(
 
 async def _rollout(
     job: RolloutJob,
-    suite: Any,
-    pool: Any,
+    suite: TaskSuite,
+    pool: SandboxPool,
     generator: Generator,
     tokenizer: Any,
     settings: AgentConfig,
@@ -90,9 +99,8 @@ async def _rollout(
     task = job.task
     traj = Trajectory(task.id, task.scenario_id, task.difficulty, job.sample_index)
     sandbox = None
-    uses_sandbox = getattr(suite, "uses_sandbox", True)  # AppWorld runs code in its own engine
     try:
-        if uses_sandbox:
+        if suite.uses_sandbox:  # AppWorld runs the agent's code in its own engine
             sandbox = await pool.acquire_async()
     except Exception as exc:
         traj.status, traj.error = "sandbox_crash", f"no sandbox: {type(exc).__name__}: {exc}"
@@ -129,13 +137,10 @@ def timeout_status(cell_time_s: float, limit_s: float) -> tuple[RolloutStatus, s
     return "generation_timeout", spent
 
 
-async def _score(traj: Trajectory, env: Any) -> None:
+async def _score(traj: Trajectory, env: Environment) -> None:
     """The environment's tests on the final state give the reward (one scoring path)."""
     try:
-        if hasattr(env, "aevaluate"):  # grading off the event loop, where the env offers it
-            report = await env.aevaluate()
-        else:
-            report = env.evaluate()
+        report = await env.aevaluate()  # a slow grader runs off the event loop
     except Exception as exc:
         traj.status, traj.error = "env_error", f"grading failed: {type(exc).__name__}: {exc}"
         return

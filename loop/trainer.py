@@ -65,44 +65,45 @@ import math
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import yaml
 
 from loop import checkpoint, distributed
 from loop.batch import Sample, make_samples
-from loop.config import ConfigError, RunConfig, TrainConfig, load_config
+from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.credit import Credit, assign_credit, rollout_reward
 from loop.critic import assign_gae, build_critic, check_one_process
 from loop.evaluation import run_evaluation
+from loop.generators.base import Generator
 from loop.learner import Learner, LearnStats
 from loop.metrics import infra_failure_problem, rollout_metrics
+from loop.policy import Policy
 from loop.prompt import prompt_example
 from loop.report import learning_report
-from loop.rollout import RolloutJob, collect_rollouts
+from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
 from loop.runlog import RunLog, summary_line, write_rollouts
 from loop.sampler import TaskSampler, group_signal
 from loop.trajectory import Trajectory
 from loop.warmstart import load_init_adapter, warm_start
+from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TrainParts:
-    """What the trainer runs on, built from the config by loop/build.py (or by a test)."""
+class Parts(Protocol):
+    """What `train()` runs on: `loop.build.TrainParts`, built from the config (or by a test)."""
 
-    policy: Any  # loop.policy.Policy: the one model copy the learner trains
-    generator: Any  # loop.generators.base.Generator
+    policy: Policy  # the one model copy the learner trains
+    generator: Generator
     tokenizer: Any
-    suite: Any  # tasks.core.TaskSuite
-    pool: Any  # sandbox.KernelPool (entered)
+    suite: TaskSuite
+    pool: SandboxPool  # entered: sandboxes for the rollouts
 
 
-def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -> dict[str, float]:
+def train(config: RunConfig, parts: Parts, *, show_progress: bool = True) -> dict[str, float]:
     """Run LOOP for `config.train.iterations` (resuming if the run has a checkpoint)."""
     check_trainable(config)
 
@@ -115,7 +116,7 @@ def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -
     return asyncio.run(run())
 
 
-async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> dict[str, float]:
+async def _train(config: RunConfig, parts: Parts, show_progress: bool) -> dict[str, float]:
     cfg, run_dir = config.train, config.run_dir
     sampler = TaskSampler(
         training_tasks(parts.suite, cfg), seed=config.seed,
@@ -188,9 +189,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     return metrics
 
 
-async def prepare_policy(
-    config: RunConfig, parts: TrainParts, show_progress: bool
-) -> dict[str, float]:
+async def prepare_policy(config: RunConfig, parts: Parts, show_progress: bool) -> dict[str, float]:
     """Step W: load `model.init_adapter`, then run (or load) the configured warm start."""
     if config.model.init_adapter is not None:
         load_init_adapter(config, parts.policy)
@@ -233,7 +232,7 @@ def check_trainable(config: RunConfig) -> None:
     check_one_process(config, distributed.world_size())  # the value head, the memory window
 
 
-def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:
+def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
     """The split's tasks, up to `max_difficulty`."""
     tasks = [
         t
@@ -246,7 +245,7 @@ def training_tasks(suite: Any, cfg: TrainConfig) -> list[Any]:
     return tasks
 
 
-def build_learner(config: RunConfig, policy: Any) -> Learner:
+def build_learner(config: RunConfig, policy: Policy) -> Learner:
     """The learner with the run's optimisation settings."""
     cfg = config.train
     return Learner(
@@ -267,7 +266,7 @@ def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
     return min(max_turns, cfg.horizon_start + cfg.horizon_step * (iteration // cfg.horizon_every))
 
 
-def resume(run_dir: Path, policy: Any, learner: Learner, sampler: TaskSampler) -> int:
+def resume(run_dir: Path, policy: Policy, learner: Learner, sampler: TaskSampler) -> int:
     """Load the newest complete checkpoint, if any; returns the iteration to start from."""
     latest = checkpoint.latest_checkpoint(run_dir / "checkpoints")
     if latest is None:
@@ -319,7 +318,7 @@ def stress_test(learner: Learner, seq_len: int) -> None:
 
 
 async def evaluate_during_training(
-    config: RunConfig, parts: TrainParts, iteration: int, show_progress: bool
+    config: RunConfig, parts: Parts, iteration: int, show_progress: bool
 ) -> dict[str, float]:
     """evaluate.py's evaluation of eval.split (`eval/*`) and of each of eval.more_splits
     (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/."""
@@ -340,7 +339,7 @@ async def evaluate_during_training(
 
 
 async def roll_out(
-    config: RunConfig, parts: TrainParts, tasks: list[Any], iteration: int, show_progress: bool
+    config: RunConfig, parts: Parts, tasks: list[Task], iteration: int, show_progress: bool
 ) -> tuple[list[list[Trajectory]], int]:
     """K rollouts per task with the straggler cut-off; returns the groups and the discarded."""
     cfg = config.train
@@ -441,7 +440,7 @@ def learn(
         progress.close()
 
 
-def sync_weights(parts: TrainParts, run_dir: Path, iteration: int) -> None:
+def sync_weights(parts: Parts, run_dir: Path, iteration: int) -> None:
     """Hand the new weights to the generator (the hf generator already samples from them)."""
     checkpoint.publish_weights(
         parts.policy, parts.generator, run_dir / "adapter-sync" / f"iter-{iteration + 1}"
@@ -475,7 +474,7 @@ def record_iteration(
 
 
 def save(
-    run_dir: Path, iteration: int, policy: Any, learner: Learner, sampler: TaskSampler, keep: int
+    run_dir: Path, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler, keep: int
 ) -> None:
     """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes)."""
     state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
@@ -486,25 +485,3 @@ def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False)
-
-
-def main(config_path: Path | str, overrides: list[str]) -> int:
-    """train.py's entry: load, build, train; a bad config is one line, not a traceback."""
-    from loop.build import build_training
-
-    try:
-        config = load_config(config_path, overrides)
-        check_trainable(config)
-        with build_training(config) as parts:
-            metrics = train(config, parts)
-    except ConfigError as exc:
-        print(f"train.py: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("train.py: interrupted; run the same command again to resume from the last "
-              "checkpoint", file=sys.stderr)  # fmt: skip
-        return 130
-    print(
-        f"done: {config.run_dir} (final reward {metrics.get('rollout/reward_mean', math.nan):.3f})"
-    )
-    return 0

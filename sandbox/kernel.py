@@ -15,6 +15,7 @@ Neither raises: the caller reads the result and decides whether the episode goes
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -23,6 +24,7 @@ import secrets
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +42,14 @@ from sandbox.process import (
     next_sandbox_number,
     remove_directory,
 )
-from sandbox.reaper import reap_stale, register_live, unregister_live, write_owner
+from sandbox.reaper import reap_stale, write_owner
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a waiting cell checks that the kernel is still alive
 _warned = False
 _executor_lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
+_live: weakref.WeakSet[Sandbox] = weakref.WeakSet()  # closed at interpreter exit if still open
 
 
 class SandboxIsolationError(RuntimeError):
@@ -132,7 +135,7 @@ class Sandbox:
         except BaseException:
             self._teardown()
             raise
-        register_live(self)
+        _live.add(self)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -180,7 +183,7 @@ class Sandbox:
         self._closed = True
         with self._lock:
             self._teardown()
-        unregister_live(self)
+        _live.discard(self)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -337,3 +340,12 @@ def isolation_report() -> dict[str, Any]:
         "missing": caps.missing(),
         "cgroup_namespace": CGROUP_NAMESPACE,
     }
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every sandbox of this process that is still open (a killed host cannot: the next
+    one reaps its directories, sandbox/reaper.py)."""
+    for sandbox in list(_live):
+        with contextlib.suppress(Exception):
+            sandbox.close()

@@ -1,6 +1,7 @@
 """Cleaning up after sandboxes: at exit, and after a host process that died without cleaning.
 
-Every live `Sandbox` is closed at interpreter exit. A host that was killed (SIGKILL, OOM, a
+Every live `Sandbox` is closed at interpreter exit (sandbox/kernel.py keeps that registry). A
+host that was killed (SIGKILL, OOM, a
 power cut) cannot do that, so each sandbox directory records its owner (pid and start time) and
 its cgroups; the next process that makes a sandbox under the same root reaps the directories
 whose owner is gone: it kills what is left in their cgroups and deletes them. Only sandboxes made in
@@ -10,44 +11,19 @@ and keyed by directory name, so reaping twice is harmless.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import os
 import threading
-import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox.cgroups import Cgroup
 from sandbox.process import remove_directory
 
-if TYPE_CHECKING:
-    from sandbox.kernel import Sandbox
-
 log = logging.getLogger(__name__)
-_live: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 _reaped_roots: set[Path] = set()
 _lock = threading.Lock()
-
-
-def register_live(sandbox: Sandbox) -> None:
-    """Close this sandbox at interpreter exit if nobody did before."""
-    _live.add(sandbox)
-
-
-def unregister_live(sandbox: Sandbox) -> None:
-    """The sandbox was closed by its owner."""
-    _live.discard(sandbox)
-
-
-@atexit.register
-def close_all() -> None:
-    """Close every sandbox of this process that is still open."""
-    for sandbox in list(_live):
-        with contextlib.suppress(Exception):
-            sandbox.close()
 
 
 def write_owner(directory: Path, cgroup: Cgroup | None) -> None:

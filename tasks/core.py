@@ -16,6 +16,20 @@ from typing import Any, Protocol
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test_normal", "test_challenge")
 
+# The task every suite's worked example solves (`TaskSuite.example_messages`); the agent's
+# prompt (loop/prompt.py) states it before the example's turns.
+EXAMPLE_TASK = "What is the email address of my manager?"
+
+
+def format_assistant(thought: str, code: str) -> str:
+    """An assistant message in the shape the agent is asked to write: a thought, one block."""
+    return f"{thought}\n```python\n{code}\n```"
+
+
+def format_observation(output: str) -> str:
+    """A user message carrying a cell's output."""
+    return f"Output:\n```\n{output}\n```"
+
 
 @dataclass(frozen=True)
 class Task:
@@ -142,6 +156,11 @@ def _bounded(value: Any, depth: int) -> Any:
     return value
 
 
+class SuiteSetupError(RuntimeError):
+    """A suite cannot be built on this machine (missing data, venv, ...); the one-line message
+    names what is missing and how to fix it."""
+
+
 class EnvironmentFailureError(RuntimeError):
     """The environment itself broke (a handler bug, an inconsistent state): not the agent's fault.
 
@@ -190,11 +209,16 @@ class Environment(Protocol):
         """Run the task's tests on the current state."""
         ...
 
+    async def aevaluate(self) -> TestReport:
+        """`evaluate` for asyncio rollouts (a slow grader runs off the event loop)."""
+        ...
+
 
 class TaskSuite(Protocol):
     """A named collection of tasks with splits, and the factory of their environments."""
 
     name: str
+    uses_sandbox: bool  # agent code runs in our sandbox (else the suite runs it, e.g. AppWorld)
 
     @property
     def splits(self) -> dict[str, list[Task]]: ...
@@ -203,4 +227,12 @@ class TaskSuite(Protocol):
 
     def task(self, task_id: str) -> Task: ...
 
-    def make_env(self, task: Task, sandbox: SandboxLike) -> Environment: ...
+    def make_env(self, task: Task, sandbox: SandboxLike | None) -> Environment:
+        """An environment for `task` in `sandbox` (None when `uses_sandbox` is False)."""
+        ...
+
+    def example_messages(self) -> list[dict[str, str]]:
+        """The worked example of the prompt: alternating assistant (`format_assistant`) and
+        user (`format_observation`) messages solving EXAMPLE_TASK with the suite's own APIs,
+        ending with the assistant's `complete_task`."""
+        ...

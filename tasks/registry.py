@@ -3,14 +3,30 @@
 - `apptown`: the built-in world (`seed`, `n_people`).
 - `appworld`: the real AppWorld benchmark (`root`, `venv`, `pool_size`, `timeout_s`, ...;
   see tasks/appworld/suite.py). Its data root defaults to $APPWORLD_ROOT.
+
+A training or evaluation run builds its suite with `suite_for_run(name, RunSettings(...))`: each
+suite's entry takes from the run's plain values what it uses (AppWorld's engine processes play
+the sandbox's part, so they take the sandbox's pool size, cell time limit and output cap).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.core import TaskSuite
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run tells its suite, as plain values (from the config's seed and sandbox)."""
+
+    seed: int
+    pool_size: int
+    timeout_s: float
+    max_output_chars: int
 
 
 def _apptown(**kwargs: Any) -> TaskSuite:
@@ -25,7 +41,26 @@ def _appworld(**kwargs: Any) -> TaskSuite:
     return AppWorldSuite(**kwargs)
 
 
+def _apptown_for_run(run: RunSettings) -> TaskSuite:
+    return _apptown(seed=run.seed)
+
+
+def _appworld_for_run(run: RunSettings) -> TaskSuite:
+    """The data root from $APPWORLD_ROOT (the venv from $APPWORLD_VENV or .venv-appworld/);
+    a missing one raises SuiteSetupError naming the fix."""
+    return _appworld(
+        root=os.environ.get("APPWORLD_ROOT"),
+        pool_size=run.pool_size,
+        timeout_s=run.timeout_s,
+        max_output_chars=run.max_output_chars,
+    )
+
+
 SUITES: dict[str, Callable[..., TaskSuite]] = {"apptown": _apptown, "appworld": _appworld}
+FOR_RUN: dict[str, Callable[[RunSettings], TaskSuite]] = {
+    "apptown": _apptown_for_run,
+    "appworld": _appworld_for_run,
+}
 
 
 def get_suite(name: str, **kwargs: Any) -> TaskSuite:
@@ -33,3 +68,10 @@ def get_suite(name: str, **kwargs: Any) -> TaskSuite:
     if name not in SUITES:
         raise KeyError(f"unknown task suite {name!r}; known suites: {sorted(SUITES)}")
     return SUITES[name](**kwargs)
+
+
+def suite_for_run(name: str, run: RunSettings) -> TaskSuite:
+    """The suite registered as `name`, configured from a run's settings."""
+    if name not in FOR_RUN:
+        raise KeyError(f"unknown task suite {name!r}; known suites: {sorted(FOR_RUN)}")
+    return FOR_RUN[name](run)

@@ -1,4 +1,5 @@
-"""The project's structural rules: import direction, no torch below `loop/`, README <-> CI.
+"""The project's structural rules: import direction, an acyclic import graph, `loop/` reaching
+`tasks/` only through its contract, no torch below `loop/`, README <-> CI.
 
 Run: python -m pytest tests/test_layout.py
 """
@@ -59,3 +60,91 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one() -> None:
     assert len(commands) == 2, commands
     test_command = next(c for c in commands if "pytest" in c).split("  #")[0].strip()
     assert test_command in (ROOT / ".ci" / "run").read_text()
+
+
+PACKAGES = ("loop", "sandbox", "tasks")
+TASKS_CONTRACT = {"tasks", "tasks.core"}  # what loop/ may import of tasks/
+
+
+def module_name(path: Path) -> str:
+    """`loop/generators/hf.py` -> `loop.generators.hf`; a package's __init__ -> the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of loop/, sandbox/ and tasks/ it imports, from every import
+    statement: top-level, function-level and under TYPE_CHECKING alike. `from a import b`
+    points at the module a.b when there is one, else at a."""
+    modules = {
+        module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.add(full if full in modules else base)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_loop_imports_tasks_only_through_its_contract() -> None:
+    reaches = {
+        (module, target)
+        for module, targets in import_graph().items()
+        if module.split(".")[0] == "loop"
+        for target in targets
+        if target.split(".")[0] == "tasks" and target not in TASKS_CONTRACT
+    }
+    assert reaches == set()
+
+
+def test_only_the_two_clis_import_the_builders() -> None:
+    importers = sorted(m for m, targets in import_graph().items() if "loop.build" in targets)
+    assert importers == []  # train.py and evaluate.py, which are not in the graph

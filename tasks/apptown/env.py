@@ -10,13 +10,18 @@ MAX_CALLS calls in one episode) go back to agent code as `sandbox.ApiError` with
 
 from __future__ import annotations
 
+import datetime as dt
+import sqlite3
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from sandbox import ApiError
 from tasks.apptown.api import AppError
+from tasks.apptown.people import Person
 from tasks.apptown.server import AppServer
+from tasks.apptown.world import Snapshot
 from tasks.core import (
     ApiCall,
     EnvironmentFailureError,
@@ -26,19 +31,31 @@ from tasks.core import (
     recorded_arguments,
 )
 
-if TYPE_CHECKING:
-    from tasks.apptown.suite import AppTownSuite
-
 MAX_CALLS = 10_000  # API calls one episode may make; every one is kept in host memory
 
 
 class AppTownEnv:
     """reset -> step/astep ... -> done -> evaluate, as in DESIGN.md section 4."""
 
-    def __init__(self, suite: AppTownSuite, task: Task, sandbox: SandboxLike):
-        self.suite = suite
+    def __init__(
+        self,
+        task: Task,
+        sandbox: SandboxLike,
+        *,
+        user: Person,
+        initial_state: Snapshot,
+        now: dt.datetime,
+        grade: Callable[[sqlite3.Connection, Any, bool], TestReport],
+    ):
+        """`user`: the supervisor the agent acts for. `initial_state`: the task's state, forked
+        per episode. `now`: the world's clock. `grade(db, answer, completed)`: the task's tests
+        on a final state (the suite's one scoring path)."""
         self.task = task
         self.sandbox = sandbox
+        self.user = user
+        self.initial_state = initial_state
+        self.now = now
+        self.grade = grade
         self.api_calls: list[ApiCall] = []
         self.last_result: Any = None  # the ExecutionResult of the latest step
         self._server: AppServer | None = None
@@ -47,14 +64,12 @@ class AppTownEnv:
     def reset(self) -> str:
         """Fork a fresh copy of the task's initial state, attach to the sandbox, return the
         task context (who the user is, today's date, the instruction)."""
-        user = self.suite.user_of(self.task)
-        self._server = AppServer(
-            self.suite.initial_state(self.task).fork(), user.id, self.suite.world.now
-        )
+        user = self.user
+        self._server = AppServer(self.initial_state.fork(), user.id, self.now)
         self.api_calls = []
         self.last_result = None
         self.sandbox.set_handler(self.handle)
-        now = self.suite.world.now
+        now = self.now
         return (
             f"Today is {now:%A, %Y-%m-%d} and the time is {now:%H:%M}.\n"
             f"My name is {user.name}. My personal email is {user.email} and my phone number "
@@ -124,7 +139,11 @@ class AppTownEnv:
             )
         ctx = self.server.ctx
         with self._lock:
-            return self.suite.grade(self.task, ctx.db, ctx.answer, ctx.completed)
+            return self.grade(ctx.db, ctx.answer, ctx.completed)
+
+    async def aevaluate(self) -> TestReport:
+        """`evaluate` for asyncio rollouts (grading a SQLite state takes milliseconds: inline)."""
+        return self.evaluate()
 
 
 def format_observation(result: Any) -> str:

@@ -10,43 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.apptown.api import AppError
-from tasks.apptown.server import AppServer
+from tasks.apptown.server import ApiError, AppServer, InProcessApis
 from tasks.apptown.suite import AppTownSuite
 from tasks.core import Task, TestReport
 
-
-class ApiError(Exception):
-    """What agent code sees for an API error (mirrors sandbox.ApiError)."""
-
-
-class _App:
-    def __init__(self, server: AppServer, name: str):
-        self._server, self._name = server, name
-
-    def __getattr__(self, api: str) -> Any:
-        def call(**kwargs: Any) -> Any:
-            try:
-                result = self._server.call(self._name, api, json.loads(json.dumps(kwargs)))
-            except AppError as e:
-                raise ApiError(f"{e.status}: {e.message}") from None
-            return json.loads(json.dumps(result))
-
-        return call
-
-
-class InProcessApis:
-    """`apis.<app>.<api>(**kwargs)` backed directly by an `AppServer`."""
-
-    def __init__(self, server: AppServer):
-        self._server = server
-
-    def __getattr__(self, app: str) -> _App:
-        return _App(self._server, app)
+__all__ = ["ApiError", "InProcessApis", "InProcessRun", "run_in_process"]
 
 
 @dataclass

@@ -4,10 +4,14 @@
 (through `AppTownEnv`). Each call is atomic: an API that fails half way leaves no trace.
 Arguments are untrusted: values SQLite or the APIs cannot hold (integers past 64 bits, NaN,
 lone surrogates, deep nesting) are a 422 here, never an internal error.
+
+`InProcessApis(server)` is the same `apis` without a sandbox (plain `exec`, NOT isolated): for
+the worked example, authoring scenarios and benchmarks (tasks/apptown/inprocess.py).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime
 from typing import Any
@@ -49,3 +53,32 @@ class AppServer:
             raise
         db.execute("COMMIT")
         return result
+
+
+class ApiError(Exception):
+    """What agent code sees for an API error (mirrors sandbox.ApiError)."""
+
+
+class _App:
+    def __init__(self, server: AppServer, name: str):
+        self._server, self._name = server, name
+
+    def __getattr__(self, api: str) -> Any:
+        def call(**kwargs: Any) -> Any:
+            try:
+                result = self._server.call(self._name, api, json.loads(json.dumps(kwargs)))
+            except AppError as e:
+                raise ApiError(f"{e.status}: {e.message}") from None
+            return json.loads(json.dumps(result))
+
+        return call
+
+
+class InProcessApis:
+    """`apis.<app>.<api>(**kwargs)` backed directly by an `AppServer`."""
+
+    def __init__(self, server: AppServer):
+        self._server = server
+
+    def __getattr__(self, app: str) -> _App:
+        return _App(self._server, app)

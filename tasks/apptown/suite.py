@@ -8,11 +8,13 @@ byte-identical private copy in about a millisecond.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tasks.apptown.example import example_messages
 from tasks.apptown.grading import Grader
 from tasks.apptown.people import Person
 from tasks.apptown.scenario import PAGES_HELPER, Scenario, Variant
@@ -40,6 +42,7 @@ class AppTownSuite:
     """The tasks of one seeded AppTown world (`suite: apptown` in a config)."""
 
     name = "apptown"
+    uses_sandbox = True
 
     def __init__(
         self, seed: int = 0, n_people: int = 72, scenarios: tuple[Scenario, ...] = SCENARIOS
@@ -68,6 +71,7 @@ class AppTownSuite:
                 self._entries[task.id] = _Entry(task, scenario, v)
         self._states: dict[str, Snapshot] = {}
         self._states_lock = threading.Lock()
+        self._example: list[dict[str, str]] | None = None
 
     @property
     def splits(self) -> dict[str, list[Task]]:
@@ -89,11 +93,22 @@ class AppTownSuite:
         """The supervisor: the person the agent acts for in this task."""
         return self.world.person(self._entry(task.id).variant.user_id)
 
-    def make_env(self, task: Task, sandbox: SandboxLike) -> AppTownEnv:
+    def make_env(self, task: Task, sandbox: SandboxLike | None) -> AppTownEnv:
         """An environment for `task` in `sandbox`; call `reset()` on it to start an episode."""
+        assert sandbox is not None, f"{task.id}: AppTown runs the agent's code in a sandbox"
         from tasks.apptown.env import AppTownEnv  # needs the sandbox package; the rest does not
 
-        return AppTownEnv(self, task, sandbox)
+        return AppTownEnv(
+            task, sandbox, user=self.user_of(task), initial_state=self.initial_state(task),
+            now=self.world.now, grade=functools.partial(self.grade, task),
+        )  # fmt: skip
+
+    def example_messages(self) -> list[dict[str, str]]:
+        """The prompt's worked example, run against this world (tasks/apptown/example.py)."""
+        with self._states_lock:
+            if self._example is None:
+                self._example = example_messages(self.world)
+            return list(self._example)
 
     def initial_state(self, task: Task) -> Snapshot:
         """The task's initial state (world + variant setup), built on first use and cached."""

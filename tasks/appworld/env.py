@@ -19,6 +19,8 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from sandbox import ExecutionResult
@@ -27,7 +29,6 @@ from tasks.core import ApiCall, EnvironmentFailureError, Task, TestReport, TestR
 
 if TYPE_CHECKING:
     from tasks.appworld.pool import EnginePool
-    from tasks.appworld.suite import AppWorldSuite
 
 OPEN_TIMEOUT_S = 120.0  # initialize: loads the task's databases
 EVALUATE_TIMEOUT_S = 300.0
@@ -39,9 +40,25 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_.]*(Error|Exception|Exit|Interrupt|Warnin
 class AppWorldEnv:
     """One rollout's view of an AppWorld task (see the module docstring)."""
 
-    def __init__(self, suite: AppWorldSuite, task: Task):
-        self.suite = suite
+    def __init__(
+        self,
+        task: Task,
+        *,
+        specs: dict[str, Any],
+        engines: Callable[[], EnginePool],
+        io_threads: Executor,
+        timeout_s: int,
+        max_output_chars: int,
+    ):
+        """`specs`: the task's specs.json (supervisor, datetime). `engines`: the suite's engine
+        pool (started on the first call). `io_threads`: where `astep`/`aevaluate` block.
+        `timeout_s`, `max_output_chars`: the engine's cell time limit and output cap."""
         self.task = task
+        self.specs = specs
+        self.engines = engines
+        self.io_threads = io_threads
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
         self.api_calls: list[ApiCall] = []
         self.last_result: Any = None  # a sandbox.ExecutionResult of the latest step
         self._engine: EngineProcess | None = None
@@ -59,7 +76,7 @@ class AppWorldEnv:
         self.close()
         self.api_calls, self.last_result = [], None
         self._completed, self._report, self._failure, self._ended = False, None, None, False
-        specs = self.suite.specs(self.task)
+        specs = self.specs
         now = dt.datetime.fromisoformat(specs["datetime"])
         user = specs["supervisor"]
         return (
@@ -87,7 +104,7 @@ class AppWorldEnv:
                 raise self._failure
             engine = self._open_engine()
             started = time.monotonic()
-            timeout = self.suite.timeout_s + STEP_GRACE_S
+            timeout = self.timeout_s + STEP_GRACE_S
             reply = self._request(engine, {"op": "execute", "code": code}, timeout)
             self.api_calls += [ApiCall(**call) for call in reply["api_calls"]]
             self._completed = bool(reply["completed"])
@@ -104,7 +121,7 @@ class AppWorldEnv:
     async def astep(self, code: str) -> str:
         """`step` for asyncio rollouts (runs in the suite's I/O threads)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.suite.io_threads, self.step, code)
+        return await loop.run_in_executor(self.io_threads, self.step, code)
 
     def evaluate(self) -> TestReport:
         """AppWorld's own tests on the final state; ends the episode and frees the engine.
@@ -122,7 +139,7 @@ class AppWorldEnv:
     async def aevaluate(self) -> TestReport:
         """`evaluate` off the event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.suite.io_threads, self.evaluate)
+        return await loop.run_in_executor(self.io_threads, self.evaluate)
 
     def close(self) -> None:
         """Give the engine back (closing the task) without grading; safe to call any time."""
@@ -138,7 +155,7 @@ class AppWorldEnv:
             raise RuntimeError(
                 f"{self.task.id}: no episode is running (evaluate() ends one); call reset()"
             )
-        self._pool = pool = self.suite.pool
+        self._pool = pool = self.engines()
         engine = pool.acquire()
         engine.tasks_started += 1
         self._engine = engine
@@ -146,11 +163,11 @@ class AppWorldEnv:
         request = {
             "op": "initialize",
             "task_id": self.task.id,
-            "timeout_s": self.suite.timeout_s,
-            "max_output_chars": self.suite.max_output_chars,
+            "timeout_s": self.timeout_s,
+            "max_output_chars": self.max_output_chars,
         }
         context = self._request(engine, request, OPEN_TIMEOUT_S)["context"]
-        expected = self.suite.specs(self.task)
+        expected = self.specs
         if (context["instruction"], context["supervisor"]) != (
             self.task.instruction,
             expected["supervisor"],

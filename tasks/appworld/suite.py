@@ -22,6 +22,7 @@ from tasks.appworld import data_root
 from tasks.appworld.confine import ENGINE_LIMITS
 from tasks.appworld.engine import EngineSpec
 from tasks.appworld.env import AppWorldEnv
+from tasks.appworld.example import example_messages
 from tasks.appworld.pool import EnginePool
 from tasks.appworld.venv import AppWorldSetupError, check_package, venv_python
 from tasks.core import SPLITS, SandboxLike, Task
@@ -98,6 +99,7 @@ class AppWorldSuite:
         self.max_tasks_per_engine = max_tasks_per_engine
         self._pool: EnginePool | None = None
         self._pool_lock = threading.Lock()
+        self._example: list[dict[str, str]] | None = None
         self.io_threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="appworld-io")
 
     @property
@@ -128,7 +130,10 @@ class AppWorldSuite:
         by the sandbox's layers), not in `sandbox`, which is accepted for the contract only."""
         self.task(task.id)
         self.pool  # noqa: B018 - the first env starts the warm engines
-        return AppWorldEnv(self, task)
+        return AppWorldEnv(
+            task, specs=self.specs(task), engines=lambda: self.pool, io_threads=self.io_threads,
+            timeout_s=self.timeout_s, max_output_chars=self.max_output_chars,
+        )  # fmt: skip
 
     @property
     def pool(self) -> EnginePool:
@@ -142,19 +147,12 @@ class AppWorldSuite:
                 )
             return self._pool
 
-    @property
-    def world(self) -> Any:
-        """The built-in world whose worked example `loop/prompt.py` shows the agent.
-
-        The prompt's example is an AppTown episode (its APIs mirror AppWorld's: api_docs,
-        supervisor credentials, phone login, paged search_contacts). Until the prompt asks a
-        suite for its own example, this keeps `worked_example(suite)` working here."""
-        from tasks.apptown.world import World
-
+    def example_messages(self) -> list[dict[str, str]]:
+        """The prompt's worked example (tasks/appworld/example.py)."""
         with self._pool_lock:
-            if not hasattr(self, "_example_world"):
-                self._example_world = World.build(0, 72)
-            return self._example_world
+            if self._example is None:
+                self._example = example_messages()
+            return list(self._example)
 
     def close(self) -> None:
         """Stop every engine (also done at interpreter exit)."""

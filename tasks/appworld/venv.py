@@ -12,13 +12,15 @@ import os
 import subprocess
 from pathlib import Path
 
+from tasks.core import SuiteSetupError
+
 APPWORLD_VERSION = "0.1.3.post1"
 SETUP_COMMAND = "bash scripts/setup_appworld.sh"
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-appworld"
 ENGINE_SIDE = Path(__file__).resolve().parent / "engine_side"
 
 
-class AppWorldSetupError(RuntimeError):
+class AppWorldSetupError(SuiteSetupError):
     """The AppWorld suite cannot run here; the one-line message names what is missing and how
     to fix it."""
 

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from loop.build import TrainParts
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
 from loop.policy import Policy
-from loop.trainer import TrainParts, train
+from loop.trainer import train
 from tasks.core import Task, TestReport, TestResult
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 
@@ -80,6 +81,9 @@ class WordEnv:
     async def astep(self, code: str) -> str:
         return self.step(code)
 
+    async def aevaluate(self) -> TestReport:
+        return self.evaluate()
+
     def evaluate(self) -> TestReport:
         tests = [
             TestResult(f"word_{i}", "emit a low word", _is_target(w), "" if _is_target(w) else w)
@@ -96,6 +100,7 @@ class WordSuite:
     """Four training tasks (and two dev tasks) with the same word-emitting goal."""
 
     name = "words"
+    uses_sandbox = False  # the environment runs no code
 
     def __init__(self) -> None:
         self._splits = {

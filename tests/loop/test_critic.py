@@ -196,8 +196,9 @@ def test_kl_to_the_reference_is_refused_with_full_fine_tuning() -> None:
 def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
+    from loop.build import TrainParts
     from loop.generators.hf import HFGenerator
-    from loop.trainer import TrainParts, train
+    from loop.trainer import train
     from tests.loop.synthetic import NoSandboxPool, WordSuite
     from tests.loop.test_trainer import SYNTHETIC, rewards
 

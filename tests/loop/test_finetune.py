@@ -25,12 +25,13 @@ import torch
 
 from loop import checkpoint
 from loop.batch import Sample, collate
+from loop.build import TrainParts
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
 from loop.learner import Learner
 from loop.logprobs import token_logprobs
 from loop.policy import LoraSettings, _wrap_lora
-from loop.trainer import TrainParts, train
+from loop.trainer import train
 from loop.trajectory import Trajectory
 from loop.warmstart import cache_key
 from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy

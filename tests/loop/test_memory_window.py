@@ -19,11 +19,12 @@ import torch
 
 from loop.agent import run_episode
 from loop.batch import make_samples
+from loop.build import TrainParts
 from loop.config import AgentConfig, load_config
 from loop.generators.base import Generation, SamplingParams
 from loop.generators.hf import HFGenerator
 from loop.learner import Learner
-from loop.trainer import TrainParts, train
+from loop.trainer import train
 from tests.loop.synthetic import (
     MultiTurnWordSuite,
     NoSandboxPool,

@@ -139,6 +139,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 import torch
 import loop.trainer as trainer
+from loop.build import TrainParts
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
 from tests.loop.synthetic import (
@@ -163,7 +164,7 @@ config = load_config(None, sys.argv[1:])
 torch.manual_seed(0)
 policy = synthetic_policy()
 generator = HFGenerator(policy, max_batch_size=1)
-parts = trainer.TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
+parts = TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
 trainer.train(config, parts, show_progress=False)
 """
 
