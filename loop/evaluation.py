@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm import tqdm
 
 from loop.config import RunConfig
@@ -27,6 +26,7 @@ from loop.generators.base import Generator
 from loop.metrics import compute_metrics
 from loop.prompt import prompt_example
 from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
+from loop.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
 from loop.trajectory import Trajectory
 from sandbox import KernelPool
 from tasks import Task, TaskSuite
@@ -73,10 +73,8 @@ async def run_evaluation(
         tasks = tasks[: config.eval.limit]
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
     settings = eval_agent_settings(config)
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = dataclasses.replace(config, eval=dataclasses.replace(config.eval, split=split))
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(written.to_dict(), sort_keys=False))
-    rollouts_path = out_dir / "rollouts.jsonl"
+    write_config(out_dir, written.to_dict())
     progress = tqdm(
         total=len(jobs),
         desc=f"eval {split}",
@@ -85,7 +83,7 @@ async def run_evaluation(
         file=sys.stderr,
     )
     solved = 0
-    with rollouts_path.open("w") as sink:
+    with eval_rollouts_sink(out_dir) as sink:
 
         def record(traj: Trajectory) -> None:
             nonlocal solved
@@ -102,7 +100,7 @@ async def run_evaluation(
         )  # fmt: skip
     progress.close()
     metrics = compute_metrics(trajectories)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    write_eval_metrics(out_dir, metrics)
     return metrics
 
 
@@ -112,7 +110,7 @@ def evaluate(
     """Evaluate `eval.split` with the built parts (the pool is entered and closed here, the
     generator closed), print a summary table; returns the metrics."""
     started = time.monotonic()
-    out_dir = config.run_dir / "eval" / config.eval.split
+    out_dir = RunDir(config.run_dir).eval_dir(config.eval.split)
 
     async def main() -> dict[str, float]:
         try:

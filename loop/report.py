@@ -24,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from loop.rundir import RunDir
 from loop.stats import Comparison, compare, wilson_interval
 
 CURVE = "learning_curve.png"
@@ -33,7 +34,7 @@ def eval_points(run_dir: Path) -> dict[str, dict[int, dict[str, list[bool]]]]:
     """split -> iteration -> task id -> its rollouts' successes, for every in-training
     evaluation under `run_dir/eval/<split>/iter-N/rollouts.jsonl`."""
     points: dict[str, dict[int, dict[str, list[bool]]]] = defaultdict(dict)
-    for path in sorted((run_dir / "eval").glob("*/iter-*/rollouts.jsonl")):
+    for path in RunDir(run_dir).eval_rollout_files():
         iteration = int(path.parent.name.removeprefix("iter-"))
         outcomes: dict[str, list[bool]] = defaultdict(list)
         for line in path.read_text().splitlines():
@@ -127,16 +128,7 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    return RunDir(run_dir).read_metrics()
 
 
 def _stage_times(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -169,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_dir", type=Path, help="a training run directory (runs/<name>)")
     args = parser.parse_args(argv)
-    if not (args.run_dir / "eval").is_dir() and not (args.run_dir / "metrics.jsonl").is_file():
+    run = RunDir(args.run_dir)
+    if not run.eval_root.is_dir() and not run.metrics.is_file():
         print(f"loop.report: {args.run_dir} is not a training run directory", file=sys.stderr)
         return 2
     print(learning_report(args.run_dir))

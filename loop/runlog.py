@@ -1,4 +1,5 @@
-"""Where a run's numbers go: `metrics.jsonl`, TensorBoard, optionally Weights & Biases.
+"""Where a run's numbers go: `metrics.jsonl`, TensorBoard, optionally Weights & Biases
+(the files' names and writers are loop/rundir.py's).
 
 One `RunLog` per run, written by the main process only. Every record is one JSON line with the
 iteration and namespaced keys (`rollout/reward_mean`, `loss/clipfrac`, `time/learn_s`, ...);
@@ -7,12 +8,12 @@ TensorBoard gets the same scalars. `summary_line` is the one-line report printed
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from loop.rundir import RunDir, write_rollouts_gz
 
 if TYPE_CHECKING:
     from loop.batch import Sample
@@ -26,14 +27,15 @@ class RunLog:
     def __init__(
         self, run_dir: Path, *, tensorboard: bool, wandb_project: str | None, config: dict[str, Any]
     ):
-        self.path = run_dir / "metrics.jsonl"
+        self.run = RunDir(run_dir)
+        self.path = self.run.metrics
         run_dir.mkdir(parents=True, exist_ok=True)
         self._writer: Any = None
         self._wandb: Any = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+            self._writer = SummaryWriter(log_dir=str(self.run.tensorboard))
         if wandb_project:
             try:
                 import wandb
@@ -47,8 +49,7 @@ class RunLog:
         """One record for `iteration` (non-finite values are written as null)."""
         record: dict[str, float | None] = {"iteration": iteration, "time": time.time()}
         record.update({k: (v if math.isfinite(v) else None) for k, v in metrics.items()})
-        with self.path.open("a") as sink:
-            sink.write(json.dumps(record) + "\n")
+        self.run.append_metrics(record)
         if self._writer is not None:
             for key, value in metrics.items():
                 if math.isfinite(value):
@@ -93,23 +94,21 @@ def write_rollouts(
     trained on, and `learner_logprobs` (the recomputed old log-probs, parallel to `tokens`, null
     off the loss mask; written for the rollouts this process trained on).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     learner: dict[int, list[Sample]] = {}  # a windowed rollout has one sample per turn
     for sample in samples:
         if sample.old_logprobs is not None:
             learner.setdefault(sample.source, []).append(sample)
-    with gzip.open(tmp, "wt") as sink:
-        for i, traj in enumerate(rollouts):
-            advantages = credit.turn_advantages[i]
-            record = traj.to_json() | {
-                "iteration": iteration, "split": split,
-                "advantage": advantages[0] if len(set(advantages)) == 1 else None,
-                "turn_advantages": advantages, "kept": kept[i],
-                "learner_logprobs": _learner_logprobs(learner.get(i, []), len(traj.tokens)),
-            }  # fmt: skip
-            sink.write(json.dumps(record) + "\n")
-    tmp.replace(path)
+
+    def record(i: int, traj: Trajectory) -> dict[str, Any]:
+        advantages = credit.turn_advantages[i]
+        return traj.to_json() | {
+            "iteration": iteration, "split": split,
+            "advantage": advantages[0] if len(set(advantages)) == 1 else None,
+            "turn_advantages": advantages, "kept": kept[i],
+            "learner_logprobs": _learner_logprobs(learner.get(i, []), len(traj.tokens)),
+        }  # fmt: skip
+
+    write_rollouts_gz(path, (record(i, traj) for i, traj in enumerate(rollouts)))
 
 
 def _learner_logprobs(samples: list[Sample], length: int) -> list[float | None] | None:

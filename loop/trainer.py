@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import sys
@@ -69,7 +68,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import yaml
 
 from loop import checkpoint, distributed
 from loop.batch import Sample, make_samples
@@ -84,6 +82,7 @@ from loop.policy import Policy
 from loop.prompt import prompt_example
 from loop.report import learning_report
 from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
+from loop.rundir import RunDir, write_config
 from loop.runlog import RunLog, summary_line, write_rollouts
 from loop.sampler import TaskSampler, group_signal
 from loop.trajectory import Trajectory
@@ -268,7 +267,7 @@ def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
 
 def resume(run_dir: Path, policy: Policy, learner: Learner, sampler: TaskSampler) -> int:
     """Load the newest complete checkpoint, if any; returns the iteration to start from."""
-    latest = checkpoint.latest_checkpoint(run_dir / "checkpoints")
+    latest = checkpoint.latest_checkpoint(RunDir(run_dir).checkpoints)
     if latest is None:
         return 0
     state = checkpoint.load_state(latest)
@@ -281,25 +280,13 @@ def resume(run_dir: Path, policy: Policy, learner: Learner, sampler: TaskSampler
 
 
 def open_run(config: RunConfig, run_dir: Path, start: int) -> RunLog:
-    """Write the resolved config and open the run log."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    log_path = run_dir / "metrics.jsonl"
-    if log_path.exists():  # keep the records of completed iterations only (none when fresh)
-        lines = log_path.read_text().splitlines(keepends=True)
-        log_path.write_text("".join(ln for ln in lines if _logged_iteration(ln) < start))
+    """Write the resolved config and open the run log (keeping the completed iterations' lines)."""
+    write_config(run_dir, config.to_dict())
+    RunDir(run_dir).keep_metrics_before(start)
     return RunLog(
         run_dir, tensorboard=config.train.tensorboard,
         wandb_project=config.train.wandb_project, config=config.to_dict(),
     )  # fmt: skip
-
-
-def _logged_iteration(line: str) -> float:
-    """The iteration of a metrics.jsonl line (a line cut short by a kill counts as unfinished)."""
-    try:
-        return float(json.loads(line)["iteration"])
-    except (ValueError, KeyError, TypeError):
-        return math.inf
 
 
 def stress_test(learner: Learner, seq_len: int) -> None:
@@ -327,7 +314,7 @@ async def evaluate_during_training(
     started = time.monotonic()
     metrics: dict[str, float] = {}
     for split in [config.eval.split, *config.eval.more_splits]:
-        out_dir = config.run_dir / "eval" / split / f"iter-{iteration}"
+        out_dir = RunDir(config.run_dir).eval_dir(split, iteration)
         scores = await run_evaluation(
             config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
             tokenizer=parts.tokenizer, out_dir=out_dir, show_progress=show_progress,
@@ -443,7 +430,7 @@ def learn(
 def sync_weights(parts: Parts, run_dir: Path, iteration: int) -> None:
     """Hand the new weights to the generator (the hf generator already samples from them)."""
     checkpoint.publish_weights(
-        parts.policy, parts.generator, run_dir / "adapter-sync" / f"iter-{iteration + 1}"
+        parts.policy, parts.generator, RunDir(run_dir).adapter_sync(iteration + 1)
     )
 
 
@@ -468,7 +455,7 @@ def record_iteration(
     runlog.log(iteration, metrics)
     print(summary_line(iteration, config.train.iterations, metrics), file=sys.stderr, flush=True)
     if config.train.save_rollouts:
-        path = config.run_dir / "rollouts" / f"iter-{iteration}.jsonl.gz"
+        path = RunDir(config.run_dir).rollouts(iteration)
         flat = [traj for group in groups for traj in group]
         write_rollouts(path, flat, iteration, config.train.split, credit, kept, samples)
 
@@ -478,7 +465,7 @@ def save(
 ) -> None:
     """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes)."""
     state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
-    checkpoint.save_checkpoint(run_dir / "checkpoints", iteration, policy.model, state, keep)
+    checkpoint.save_checkpoint(RunDir(run_dir).checkpoints, iteration, policy.model, state, keep)
 
 
 def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import random
 import re
@@ -28,13 +27,18 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import yaml
-
 from loop.config import AgentConfig, RunConfig
 from loop.generators.scripted import ScriptedGenerator
 from loop.metrics import compute_metrics
 from loop.prompt import worked_example
 from loop.rollout import RolloutJob, collect_rollouts
+from loop.rundir import (
+    RunDir,
+    eval_rollouts_sink,
+    write_config,
+    write_eval_metrics,
+    write_rollouts_gz,
+)
 from loop.trajectory import Trajectory
 
 CALL = re.compile(r"apis\.(\w+)\.(\w+)")
@@ -141,28 +145,24 @@ def write_demo_run(
 
     suite = get_suite("apptown")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(TOKENIZER_MODEL))
-    eval_dir, train_dir = out / "eval" / "dev", out / "rollouts"
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    train_dir.mkdir(parents=True, exist_ok=True)
+    run = RunDir(out)
+    eval_dir = run.eval_dir("dev")
     config = RunConfig(name=out.name, output_dir=str(out.parent))
     config.model.name, config.agent = TOKENIZER_MODEL, SETTINGS
     with KernelPool(size=4, timeout_s=30) as pool:
         dev = asyncio.run(
             rollouts(suite, pool, tokenizer, suite.tasks("dev")[:tasks], k, 0.9, seed)
         )
-        with (eval_dir / "rollouts.jsonl").open("w") as sink:
+        with eval_rollouts_sink(eval_dir) as sink:
             sink.writelines(json.dumps(t.to_json()) + "\n" for t in dev)
-        metrics = compute_metrics(dev)
-        (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
-        (eval_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-        (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        write_eval_metrics(eval_dir, compute_metrics(dev))
+        write_config(eval_dir, config.to_dict())
+        write_config(out, config.to_dict())
         for it in range(iterations):
             skill = it / max(1, iterations - 1)
             train = suite.tasks("train")[:tasks]
             trajs = asyncio.run(rollouts(suite, pool, tokenizer, train, k, skill, seed + it))
-            with gzip.open(train_dir / f"iter-{it}.jsonl.gz", "wt") as sink:
-                for record in training_records(trajs, it, seed + it):
-                    sink.write(json.dumps(record) + "\n")
+            write_rollouts_gz(run.rollouts(it), training_records(trajs, it, seed + it))
     return out
 
 

@@ -20,22 +20,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from loop.rundir import CONFIG, EVAL_ROLLOUTS, ITER_NAME, NOT_ROLLOUTS, ROLLOUTS, read_config
 from loop.trajectory import Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
-ITER_NAME = re.compile(r"iter-(\d+)(?:\.jsonl(?:\.gz)?)?$")
 MAX_DEPTH = 5  # how deep below PATH rollouts files are looked for
-NOT_ROLLOUTS = frozenset({"checkpoints", "tb", "adapter-sync"})  # run dirs never searched
 TRAJECTORY_KEYS = {f.name for f in dataclasses.fields(Trajectory)} | {"api_calls"}
 TURN_KEYS = {f.name for f in dataclasses.fields(Turn)}
 TOKEN_KEYS = ("tokens", "is_output", "sampler_logprobs")
@@ -101,14 +97,14 @@ def _rollout_files(folder: Path, depth: int) -> Iterator[Path]:
 
 def _is_rollouts_file(path: Path) -> bool:
     """evaluate.py's rollouts.jsonl, or the trainer's rollouts/iter-N.jsonl.gz."""
-    if path.name in ("rollouts.jsonl", "rollouts.jsonl.gz"):
+    if path.name in (EVAL_ROLLOUTS, EVAL_ROLLOUTS + ".gz"):
         return True
-    return path.parent.name == "rollouts" and ITER_NAME.match(path.name) is not None
+    return path.parent.name == ROLLOUTS and ITER_NAME.match(path.name) is not None
 
 
 def _source_of(path: Path) -> Source:
     """Split and iteration from the file's location (see the module docstring)."""
-    if path.parent.name == "rollouts" and (m := ITER_NAME.match(path.name)):
+    if path.parent.name == ROLLOUTS and (m := ITER_NAME.match(path.name)):
         return Source(path, None, int(m.group(1)), training=True)
     folder, iteration = path.parent, None
     if m := ITER_NAME.match(folder.name):
@@ -123,13 +119,12 @@ def _source_of(path: Path) -> Source:
 
 def _configured_split(folder: Path) -> str | None:
     """`eval.split` of the config.yaml that evaluate.py writes next to its rollouts."""
-    config = folder / "config.yaml"
-    if not config.is_file():
+    data = read_config(folder)
+    if data is None:
         return None
     try:
-        data = yaml.safe_load(config.read_text())
         split = data["eval"]["split"]
-    except (yaml.YAMLError, KeyError, TypeError, OSError):
+    except (KeyError, TypeError):
         return None
     return split if isinstance(split, str) else None
 
@@ -138,11 +133,10 @@ def configured_model(path: Path) -> str | None:
     """`model.name` from the nearest config.yaml at or above `path` (up to the run directory)."""
     folder = path if path.is_dir() else path.parent
     for candidate in (folder, *folder.parents[:4]):
-        config = candidate / "config.yaml"
-        if config.is_file():
+        if (candidate / CONFIG).is_file():
             try:
-                name = yaml.safe_load(config.read_text())["model"]["name"]
-            except (yaml.YAMLError, KeyError, TypeError, OSError):
+                name = (read_config(candidate) or {})["model"]["name"]
+            except (KeyError, TypeError):
                 return None
             return name if isinstance(name, str) else None
     return None

@@ -1,0 +1,169 @@
+"""The run directory: its layout, and the one writer and reader of each of its files.
+
+    runs/<name>/config.yaml                  the resolved config (`write_config`, `read_config`)
+    runs/<name>/metrics.jsonl                one line per iteration and per eval (`RunLog`)
+    runs/<name>/tb/                          TensorBoard events
+    runs/<name>/rollouts/iter-N.jsonl.gz     every training rollout of iteration N
+    runs/<name>/checkpoints/iter-N/          complete checkpoints (loop/checkpoint.py)
+    runs/<name>/adapter-sync/iter-N/         the adapter handed to the vLLM generator
+    runs/<name>/eval/<split>/                evaluate.py: config.yaml, rollouts.jsonl, metrics.json
+    runs/<name>/eval/<split>/iter-N/         the trainer's evaluation before iteration N
+
+The trainer, evaluation, the inspector's demo run and its reader (loop/inspect/load.py) all
+go through these names; nothing else spells a file name of the run directory. No torch here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"
+ROLLOUTS = "rollouts"  # the trainer's folder of iter-N.jsonl.gz
+CHECKPOINTS = "checkpoints"
+ADAPTER_SYNC = "adapter-sync"
+EVAL = "eval"
+EVAL_ROLLOUTS = "rollouts.jsonl"  # evaluate.py's rollouts, one trajectory per line
+EVAL_METRICS = "metrics.json"
+ITER_NAME = re.compile(r"iter-(\d+)(?:\.jsonl(?:\.gz)?)?$")  # iter-N, iter-N.jsonl[.gz]
+NOT_ROLLOUTS = frozenset({CHECKPOINTS, TENSORBOARD, ADAPTER_SYNC})  # never hold rollouts
+
+
+def iter_name(iteration: int) -> str:
+    """`iter-N`: the name of iteration N's folder (checkpoints, evaluations, adapter syncs)."""
+    return f"iter-{iteration}"
+
+
+def iteration_of(name: str) -> int | None:
+    """N of `iter-N`, `iter-N.jsonl` or `iter-N.jsonl.gz`; None for any other name."""
+    match = ITER_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory (`config.run_dir`)."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def rollouts(self, iteration: int) -> Path:
+        """The training rollouts of `iteration`."""
+        return self.path / ROLLOUTS / f"{iter_name(iteration)}.jsonl.gz"
+
+    def adapter_sync(self, iteration: int) -> Path:
+        """Where the adapter trained by `iteration` iterations is handed to the generator."""
+        return self.path / ADAPTER_SYNC / iter_name(iteration)
+
+    @property
+    def eval_root(self) -> Path:
+        return self.path / EVAL
+
+    def eval_dir(self, split: str, iteration: int | None = None) -> Path:
+        """evaluate.py's folder for `split`, or the trainer's evaluation before `iteration`."""
+        folder = self.eval_root / split
+        return folder if iteration is None else folder / iter_name(iteration)
+
+    def eval_rollout_files(self) -> list[Path]:
+        """The trainer's periodic evaluations' rollouts files, `eval/<split>/iter-N/`."""
+        return sorted(self.eval_root.glob(f"*/iter-*/{EVAL_ROLLOUTS}"))
+
+    def keep_metrics_before(self, start: int) -> None:
+        """Drop the metrics.jsonl records of iterations >= `start` (a resumed run logs them
+        again) and a last line cut short by a kill."""
+        if self.metrics.exists():
+            lines = self.metrics.read_text().splitlines(keepends=True)
+            self.metrics.write_text("".join(ln for ln in lines if _logged_iteration(ln) < start))
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """The metrics.jsonl records (a line cut short by a kill is skipped)."""
+        if not self.metrics.is_file():
+            return []
+        records = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """One metrics.jsonl line."""
+        with self.metrics.open("a") as sink:
+            sink.write(json.dumps(record) + "\n")
+
+
+def _logged_iteration(line: str) -> float:
+    """The iteration of a metrics.jsonl line (a line cut short by a kill counts as unfinished)."""
+    try:
+        return float(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def write_config(folder: Path, config: dict[str, Any]) -> None:
+    """`folder/config.yaml`: a resolved config (`RunConfig.to_dict()`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def read_config(folder: Path) -> dict[str, Any] | None:
+    """`folder/config.yaml` as a dict; None when it is missing or unreadable."""
+    path = folder / CONFIG
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextmanager
+def eval_rollouts_sink(folder: Path) -> Iterator[IO[str]]:
+    """`folder/rollouts.jsonl` open for writing, one JSON line per rollout (flush each one, so
+    an interrupted evaluation keeps what it finished)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / EVAL_ROLLOUTS).open("w") as sink:
+        yield sink
+
+
+def write_eval_metrics(folder: Path, metrics: dict[str, float]) -> None:
+    """`folder/metrics.json`."""
+    (folder / EVAL_METRICS).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
+def write_rollouts_gz(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Gzipped JSON lines at `path`, written atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt") as sink:
+        for record in records:
+            sink.write(json.dumps(record) + "\n")
+    tmp.replace(path)
