@@ -19,7 +19,10 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, run; returns the exit status."""
     parser = argparse.ArgumentParser(description="Evaluate an agent on a split of tasks.")
-    parser.add_argument("--config", required=True, type=Path, help="YAML run configuration")
+    parser.add_argument("--config", type=Path, help="YAML run configuration (required)")
+    parser.add_argument(
+        "--help-config", action="store_true", help="print every config key with its doc and exit"
+    )
     parser.add_argument(
         "--split", help="which tasks, e.g. dev or easy_heldout (default: eval.split)"
     )
@@ -28,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollouts-per-task", type=int, help="K rollouts per task (pass@k)")
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
+    if args.help_config:
+        from loop.config import describe
+
+        print(describe())
+        return 0
+    if args.config is None:
+        parser.error("the following arguments are required: --config")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     from loop.build import build_evaluation

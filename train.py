@@ -17,9 +17,19 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, run; returns the exit status."""
     parser = argparse.ArgumentParser(description="Train an agent with LOOP.")
-    parser.add_argument("--config", required=True, type=Path, help="YAML run configuration")
+    parser.add_argument("--config", type=Path, help="YAML run configuration (required)")
+    parser.add_argument(
+        "--help-config", action="store_true", help="print every config key with its doc and exit"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
+    if args.help_config:
+        from loop.config import describe
+
+        print(describe())
+        return 0
+    if args.config is None:
+        parser.error("the following arguments are required: --config")
     if not args.config.is_file():
         parser.error(f"config file not found: {args.config}")
     return run(args.config, args.overrides)
@@ -28,12 +38,14 @@ def main(argv: list[str] | None = None) -> int:
 def run(config_path: Path, overrides: list[str]) -> int:
     """Load, build, train; a bad config is one line, not a traceback."""
     from loop.build import build_training
+    from loop.checks import check_run
     from loop.config import ConfigError, load_config
-    from loop.trainer import check_trainable, train
+    from loop.distributed import launched_world_size
+    from loop.trainer import train
 
     try:
         config = load_config(config_path, overrides)
-        check_trainable(config)
+        check_run(config, launched_world_size())  # before anything is loaded
         with build_training(config) as parts:
             metrics = train(config, parts)
     except ConfigError as exc:

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from loop.config_types import CRITIC_ADVANTAGES
 from loop.gae import compute_dual_discount_gae, compute_gae
 
-CRITIC_ADVANTAGES = ("gae", "verlog")  # train.advantage values that need the value head
 PAPER_WIDTH_FRACTIONS = (3 / 5, 2 / 5)  # [P]'s head on a 5120-wide model: 3072, 2048
 
 
@@ -154,16 +154,6 @@ class Critic:
         """Restore what `state_dict` returned."""
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
-
-
-def check_one_process(config: Any, world_size: int) -> None:
-    """The value head and the memory window run in one learner process (not sharded yet)."""
-    from loop.config import ConfigError
-
-    if world_size > 1 and config.train.advantage in CRITIC_ADVANTAGES:
-        raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
-    if world_size > 1 and config.agent.memory_turns is not None:
-        raise ConfigError("agent.memory_turns: one learner process only")
 
 
 def build_critic(config: Any, policy: Any) -> Critic | None:

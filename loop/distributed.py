@@ -108,6 +108,12 @@ def barrier() -> None:
         dist.barrier()
 
 
+def launched_world_size() -> int:
+    """The number of learner processes the launcher started (`WORLD_SIZE`), known before
+    `init_from_env` joins them; 1 without a launcher."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def init_from_env() -> bool:
     """Join the process group a launcher describes in the environment; True when distributed.
 
@@ -115,7 +121,7 @@ def init_from_env() -> bool:
     with CUDA each process takes the GPU `LOCAL_RANK` and talks nccl; on CPU, gloo. Call it
     before the model is loaded, so that `device="cuda"` means this process's GPU.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if launched_world_size() <= 1:
         return False
     if not dist.is_initialized():
         if torch.cuda.is_available():

@@ -27,6 +27,7 @@ from loop.metrics import compute_metrics
 from loop.prompt import prompt_example
 from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
 from loop.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
+from loop.seeds import eval_seed
 from loop.trajectory import Trajectory
 from sandbox import KernelPool
 from tasks import Task, TaskSuite
@@ -35,9 +36,9 @@ log = logging.getLogger(__name__)
 
 
 def eval_jobs(tasks: list[Task], rollouts_per_task: int, seed: int) -> list[RolloutJob]:
-    """Every (task, sample) pair, with a seed derived from (seed, task index, sample)."""
+    """Every (task, sample) pair, with its seed (`loop.seeds.eval_seed`)."""
     return [
-        RolloutJob(task, k, seed=seed * 1_000_003 + i * 1009 + k)
+        RolloutJob(task, k, seed=eval_seed(seed, i, k))
         for i, task in enumerate(tasks)
         for k in range(rollouts_per_task)
     ]

@@ -114,7 +114,6 @@ class Learner:
         self.global_step = 0
         self.nan_steps_total = 0
         self.pad_id = int(policy.tokenizer.pad_token_id or 0)
-        self.on_step: Callable[[], None] | None = None  # called after every step (progress)
 
     # -- 1. old log-probs -------------------------------------------------------------------
     @torch.no_grad()
@@ -141,8 +140,21 @@ class Learner:
         return parity_stats(samples)
 
     # -- 2./3. epochs of minibatch steps ------------------------------------------------------
-    def learn(self, samples: Sequence[Sample], *, seed: int, iteration: int = 0) -> LearnStats:
-        """`epochs` shuffled passes of minibatch steps over `samples` (old log-probs set)."""
+    def learn(
+        self,
+        samples: Sequence[Sample],
+        *,
+        seed: int,
+        iteration: int = 0,
+        minibatch_size: int | None = None,
+        on_step: Callable[[], None] | None = None,
+    ) -> LearnStats:
+        """`epochs` shuffled passes of minibatch steps over `samples` (old log-probs set).
+
+        `minibatch_size` (global, in rollouts) replaces the learner's for this call (strictly
+        on-policy mode: one minibatch of everything); `on_step` is called after every step.
+        """
+        size = self.minibatch_size if minibatch_size is None else minibatch_size
         self.iteration = iteration
         stats = LearnStats()
         if self.critic is not None:
@@ -153,14 +165,14 @@ class Learner:
         self.model.train()
         rng = random.Random(seed)
         order = list(range(len(samples)))
-        minibatch = self.local_minibatch_size()
+        minibatch = self.local_minibatch_size(size)
         for _epoch in range(self.epochs):
             rng.shuffle(order)
             for start in range(0, len(order), minibatch):
                 chunk = [samples[i] for i in order[start : start + minibatch]]
-                stepped = self._step(chunk, stats)
-                if self.on_step is not None:
-                    self.on_step()
+                stepped = self._step(chunk, stats, size)
+                if on_step is not None:
+                    on_step()
                 if not stepped:
                     stats.stopped_early = True
                     self.step_schedule()
@@ -168,15 +180,15 @@ class Learner:
         self.step_schedule()
         return stats
 
-    def local_minibatch_size(self) -> int:
+    def local_minibatch_size(self, minibatch_size: int | None = None) -> int:
         """This process's share of a minibatch (the rollouts are sharded equally)."""
+        size = self.minibatch_size if minibatch_size is None else minibatch_size
         world = distributed.world_size()
-        if self.minibatch_size % world:
+        if size % world:
             raise ValueError(
-                f"train.minibatch_size={self.minibatch_size} must be a multiple of the "
-                f"{world} learner processes"
+                f"train.minibatch_size={size} must be a multiple of the {world} learner processes"
             )
-        return self.minibatch_size // world
+        return size // world
 
     def step_schedule(self) -> None:
         """The once-per-iteration schedule step (also when no optimizer step was taken)."""
@@ -184,10 +196,11 @@ class Learner:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
 
-    def _step(self, minibatch: list[Sample], stats: LearnStats) -> bool:
-        """One optimizer step over `minibatch`; False when a guard stops the iteration."""
+    def _step(self, minibatch: list[Sample], stats: LearnStats, minibatch_size: int) -> bool:
+        """One optimizer step over `minibatch`; False when a guard stops the iteration (the
+        summed losses are divided by the global `minibatch_size`)."""
         self._zero_grad()
-        scale = distributed.world_size() / self.minibatch_size
+        scale = distributed.world_size() / minibatch_size
         loss_sum, clipped, units, tokens, log_ratio_sums = 0.0, 0.0, 0, 0, []
         for chunk in _chunks(minibatch, self.micro_batch_size):
             batch = self._collate(chunk)

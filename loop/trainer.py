@@ -73,7 +73,7 @@ from loop import checkpoint, distributed
 from loop.batch import Sample, make_samples
 from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.credit import Credit, assign_credit, rollout_reward
-from loop.critic import assign_gae, build_critic, check_one_process
+from loop.critic import assign_gae, build_critic
 from loop.evaluation import run_evaluation
 from loop.generators.base import Generator
 from loop.learner import Learner, LearnStats
@@ -85,6 +85,7 @@ from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
 from loop.rundir import RunDir, write_config
 from loop.runlog import RunLog, summary_line, write_rollouts
 from loop.sampler import TaskSampler, group_signal
+from loop.seeds import minibatch_seed, rollout_seed, shuffle_seed
 from loop.trajectory import Trajectory
 from loop.warmstart import load_init_adapter, warm_start
 from tasks import Task, TaskSuite
@@ -103,8 +104,10 @@ class Parts(Protocol):
 
 
 def train(config: RunConfig, parts: Parts, *, show_progress: bool = True) -> dict[str, float]:
-    """Run LOOP for `config.train.iterations` (resuming if the run has a checkpoint)."""
-    check_trainable(config)
+    """Run LOOP for `config.train.iterations` (resuming if the run has a checkpoint).
+
+    The config is checked for training once, by the caller, before anything is built:
+    `loop.checks.check_run(config, world_size)` (train.py does)."""
 
     async def run() -> dict[str, float]:
         try:
@@ -207,28 +210,6 @@ def record_signals(
         rewards = [rollout_reward(t, reward) for t in scored]
         sampler.record(group[0].task_id, group_signal(rewards, [bool(t.success) for t in scored]))
     return {k: float(v) for k, v in sampler.take_skip_counts().items()}
-
-
-def check_trainable(config: RunConfig) -> None:
-    """Settings under which the learner's and the sampler's distributions would differ."""
-    if config.generator.backend == "openai":
-        raise ConfigError("generator.backend openai cannot train (no weights): use hf or vllm")
-    if config.agent.temperature <= 0 or config.agent.top_p != 1.0:
-        raise ConfigError(
-            "training samples at agent.temperature > 0 with agent.top_p = 1 (the learner's "
-            f"log-probs would not match the sampler's), got {config.agent.temperature}, "
-            f"{config.agent.top_p}"
-        )
-    if config.generator.backend == "hf" and distributed.world_size() > 1:
-        raise ConfigError("several learner processes need generator.backend vllm, not hf")
-    if config.train.minibatch_size % distributed.world_size():
-        raise ConfigError(
-            f"train.minibatch_size={config.train.minibatch_size} must be a multiple of the "
-            f"{distributed.world_size()} learner processes"
-        )
-    if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
-        raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
-    check_one_process(config, distributed.world_size())  # the value head, the memory window
 
 
 def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
@@ -338,8 +319,8 @@ async def roll_out(
         first = occurrences[task.id] * cfg.rollouts_per_task  # a task drawn twice: one group
         occurrences[task.id] += 1
         for k in range(cfg.rollouts_per_task):
-            seed = ((config.seed * 1_000_003 + iteration) * 100_003 + g) * 1009 + k
-            jobs.append(RolloutJob(task, first + k, seed=seed % 2**62))
+            seed = rollout_seed(config.seed, iteration, g, k)
+            jobs.append(RolloutJob(task, first + k, seed=seed))
     need_total = math.ceil(len(jobs) * cfg.rollouts_fraction)
     need_each = {task.id: cfg.min_rollouts_per_task * n for task, n in
                  ((t, occurrences[t.id]) for t in tasks)}  # fmt: skip
@@ -391,7 +372,8 @@ def select_samples(
             advantages, reward = credit.turn_advantages[i], credit.rewards[i]
             samples += make_samples(traj, advantages, max_seq_len, i, reward)
     samples = distributed.broadcast_object(samples)
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + iteration))
+    shuffle = torch.Generator().manual_seed(shuffle_seed(seed, iteration))
+    order = torch.randperm(len(samples), generator=shuffle)
     shard = [samples[int(i)] for i in order][distributed.rank() :: world]
     return shard, keep
 
@@ -415,14 +397,16 @@ def learn(
     if not samples:
         learner.step_schedule()
         return LearnStats()
-    if cfg.strictly_on_policy:
-        learner.minibatch_size = len(samples) * distributed.world_size()
-    steps = cfg.epochs * math.ceil(len(samples) * distributed.world_size() /
-                                   learner.minibatch_size)  # fmt: skip
+    world = distributed.world_size()
+    # strictly on policy: one minibatch of everything, whatever train.minibatch_size says
+    minibatch_size = len(samples) * world if cfg.strictly_on_policy else cfg.minibatch_size
+    steps = cfg.epochs * math.ceil(len(samples) * world / minibatch_size)
     progress = _progress(steps, f"iter {iteration} learn", show_progress, unit="step")
-    learner.on_step = lambda: progress.update(1)
     try:
-        return learner.learn(samples, seed=seed * 7919 + iteration, iteration=iteration)
+        return learner.learn(
+            samples, seed=minibatch_seed(seed, iteration), iteration=iteration,
+            minibatch_size=minibatch_size, on_step=lambda: progress.update(1),
+        )  # fmt: skip
     finally:
         progress.close()
 

@@ -56,6 +56,7 @@ from loop.learner import Learner
 from loop.models import default_cache_dir
 from loop.prompt import prompt_example
 from loop.rollout import RolloutJob, collect_rollouts
+from loop.seeds import minibatch_seed, rft_seed
 from loop.trajectory import Trajectory
 
 ADAPTER = "adapter"
@@ -160,7 +161,7 @@ async def rejection_sample(
     for pass_index in range(warm.rft_passes):
         for t_index, temperature in enumerate(warm.rft_temperatures):
             jobs = [
-                RolloutJob(task, t_index, seed=_rft_seed(config.seed, pass_index, t_index, i))
+                RolloutJob(task, t_index, seed=rft_seed(config.seed, pass_index, t_index, i))
                 for i, task in enumerate(tasks)
                 if task.id in unsolved or pass_index == 0
             ]
@@ -211,9 +212,11 @@ async def fine_tune(
             total=steps, desc=f"warm start epoch {epoch + 1}/{warm.epochs}", unit="step",
             disable=not show_progress, leave=False, file=sys.stderr,
         )  # fmt: skip
-        learner.on_step = functools.partial(progress.update, 1)
         try:
-            stats = learner.learn(samples, seed=config.seed * 7919 + epoch)
+            stats = learner.learn(
+                samples, seed=minibatch_seed(config.seed, epoch),
+                on_step=functools.partial(progress.update, 1),
+            )  # fmt: skip
         finally:
             progress.close()
         history["loss"].append(stats.metrics()["loss/policy"])
@@ -299,10 +302,6 @@ def _tasks(config: RunConfig, parts: Any) -> list[Any]:
 
 def _sample(demo: Trajectory, max_seq_len: int) -> Sample:
     return make_sample(demo, [1.0] * max(len(demo.turns), 1), max_seq_len)
-
-
-def _rft_seed(seed: int, pass_index: int, t_index: int, task_index: int) -> int:
-    return ((seed * 1_000_003 + pass_index) * 1009 + t_index) * 100_003 + task_index
 
 
 def _cache_root() -> Path:

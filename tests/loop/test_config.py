@@ -128,3 +128,41 @@ def test_the_8_gpu_config_clips_like_the_reference_with_4_learners() -> None:
     config = load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", [])
     assert config.train.max_grad_norm == pytest.approx(0.1 * 4**0.5)
     assert config.eval.max_turns == 50
+
+
+def test_every_config_field_has_a_one_line_doc_that_help_config_prints() -> None:
+    import dataclasses
+    import typing
+
+    from loop.config import describe
+
+    def keys(cls: type, prefix: str = "") -> list[str]:
+        found = []
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            text = f.metadata.get("doc", "")
+            assert text.strip() and "\n" not in text, f"{prefix}{f.name} has no one-line doc"
+            if dataclasses.is_dataclass(hints[f.name]):
+                found += keys(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                found.append(prefix + f.name)
+        return found
+
+    printed = describe()
+    every = keys(RunConfig)
+    assert len(every) > 100
+    for key in every:
+        assert f"  {key} (" in printed, key
+
+
+@pytest.mark.parametrize("cli", ["train.py", "evaluate.py"])
+def test_the_clis_print_the_config_docs(cli: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / cli), "--help-config"], capture_output=True, text=True,
+        cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "train.clip_eps (float, default: 0.1)\n      PPO epsilon" in done.stdout

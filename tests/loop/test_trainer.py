@@ -24,10 +24,11 @@ import pytest
 import torch
 
 from loop import checkpoint, credit
+from loop.checks import check_run
 from loop.config import ConfigError, load_config
 from loop.learner import Learner
 from loop.sampler import TaskSampler
-from loop.trainer import check_trainable, horizon
+from loop.trainer import horizon
 from loop.trajectory import Trajectory, Turn
 from tests.loop.synthetic import (
     SYNTHETIC,
@@ -155,8 +156,7 @@ original_learn = trainer.learn
 
 def learn(learner, samples, cfg, iteration, seed, show_progress):
     if iteration == kill_at:  # die after the first optimizer step of this iteration
-        learner.on_step = lambda: os.kill(os.getpid(), signal.SIGKILL)
-        learner.learn(samples, seed=seed)
+        learner.learn(samples, seed=seed, on_step=lambda: os.kill(os.getpid(), signal.SIGKILL))
     return original_learn(learner, samples, cfg, iteration, seed, show_progress)
 
 trainer.learn = learn
@@ -241,12 +241,14 @@ def test_horizon_schedule_grows_and_caps() -> None:
 
 def test_training_refuses_settings_the_learner_cannot_match() -> None:
     with pytest.raises(ConfigError, match="top_p"):
-        check_trainable(load_config(None, ["agent.top_p=0.9"]))
+        check_run(load_config(None, ["agent.top_p=0.9"]), 1)
     with pytest.raises(ConfigError, match="openai"):
-        check_trainable(
+        check_run(
             load_config(None, ["generator.backend=openai", "generator.base_url=http://x",
-                               "generator.served_model=m"])
+                               "generator.served_model=m"]), 1,
         )  # fmt: skip
+    with pytest.raises(ConfigError, match="multiple of the 3 learner processes"):
+        check_run(load_config(None, ["generator.backend=vllm"]), 3)
     with pytest.raises(ConfigError, match="strictly_on_policy"):
         load_config(None, ["train.strictly_on_policy=true"])
     with pytest.raises(ConfigError, match="min_rollouts_per_task"):

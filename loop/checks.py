@@ -1,0 +1,178 @@
+"""Validation in two places, each run once: `check_values` when a config is loaded (ranges
+and fields that must agree), `check_run` before a training run is built (what the learner
+processes and the sampler need to agree on). Each raises a one-line `ConfigError`.
+"""
+
+from __future__ import annotations
+
+from loop.config_types import CRITIC_ADVANTAGES, ConfigError, RunConfig, TrainConfig
+
+
+def check_run(config: RunConfig, world_size: int) -> None:
+    """What training with `world_size` learner processes needs: weights to train, the
+    learner's and the sampler's distributions equal, minibatches that shard equally, and
+    one process for the value head and the memory window (not sharded yet)."""
+    if config.generator.backend == "openai":
+        raise ConfigError("generator.backend openai cannot train (no weights): use hf or vllm")
+    if config.agent.temperature <= 0 or config.agent.top_p != 1.0:
+        raise ConfigError(
+            "training samples at agent.temperature > 0 with agent.top_p = 1 (the learner's "
+            f"log-probs would not match the sampler's), got {config.agent.temperature}, "
+            f"{config.agent.top_p}"
+        )
+    if config.generator.backend == "hf" and world_size > 1:
+        raise ConfigError("several learner processes need generator.backend vllm, not hf")
+    if config.train.minibatch_size % world_size:
+        raise ConfigError(
+            f"train.minibatch_size={config.train.minibatch_size} must be a multiple of the "
+            f"{world_size} learner processes"
+        )
+    if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
+        raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
+    if world_size > 1 and config.train.advantage in CRITIC_ADVANTAGES:
+        raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
+    if world_size > 1 and config.agent.memory_turns is not None:
+        raise ConfigError("agent.memory_turns: one learner process only")
+
+
+def check_values(config: RunConfig) -> None:
+    """Each field's range and the fields that must agree (run by `load_config`)."""
+    positive = {
+        "agent.max_turns": config.agent.max_turns,
+        "agent.max_new_tokens": config.agent.max_new_tokens,
+        "agent.max_context_tokens": config.agent.max_context_tokens,
+        "agent.max_observation_tokens": config.agent.max_observation_tokens,
+        "eval.rollouts_per_task": config.eval.rollouts_per_task,
+        "eval.max_concurrent_rollouts": config.eval.max_concurrent_rollouts,
+        "sandbox.cell_timeout_s": config.sandbox.cell_timeout_s,
+        "generator.max_batch_size": config.generator.max_batch_size,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if config.generator.torch_threads is not None and config.generator.torch_threads < 1:
+        raise ConfigError(
+            f"generator.torch_threads: must be >= 1, got {config.generator.torch_threads}"
+        )
+    if (kv_cache_mb := config.generator.kv_cache_mb) < 0:
+        raise ConfigError(f"generator.kv_cache_mb: must be >= 0, got {kv_cache_mb}")
+    if config.sandbox.pool_size < 0:
+        raise ConfigError(f"sandbox.pool_size: must be >= 0, got {config.sandbox.pool_size}")
+    if config.eval.limit is not None and config.eval.limit <= 0:
+        raise ConfigError(f"eval.limit: must be > 0, got {config.eval.limit}")
+    if config.agent.temperature < 0 or not 0 < config.agent.top_p <= 1:
+        raise ConfigError("agent.temperature must be >= 0 and agent.top_p in (0, 1]")
+    if config.generator.backend == "openai" and not (
+        config.generator.base_url and config.generator.served_model
+    ):
+        raise ConfigError("generator.backend openai needs generator.base_url and served_model")
+    if config.agent.memory_turns is not None and config.agent.memory_turns < 1:
+        raise ConfigError(f"agent.memory_turns: must be >= 1, got {config.agent.memory_turns}")
+    if config.agent.max_new_tokens >= config.agent.max_context_tokens:
+        raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
+    _check_train(config.train, warm_start=config.warm_start.source != "none")
+    _check_warm_start(config)
+    _check_critic_and_kl(config)
+
+
+def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
+    if train.iterations < 0 or (train.iterations == 0 and not warm_start):
+        raise ConfigError(
+            f"train.iterations: must be > 0 (0 only with a warm_start), got {train.iterations}"
+        )
+    positive = {
+        "train.tasks_per_iteration": train.tasks_per_iteration,
+        "train.rollouts_per_task": train.rollouts_per_task,
+        "train.max_concurrent_rollouts": train.max_concurrent_rollouts,
+        "train.epochs": train.epochs,
+        "train.minibatch_size": train.minibatch_size,
+        "train.micro_batch_size": train.micro_batch_size,
+        "train.lr": train.lr,
+        "train.max_grad_norm": train.max_grad_norm,
+        "train.kl_threshold": train.kl_threshold,
+        "train.max_seq_len": train.max_seq_len,
+        "train.logprob_chunk_size": train.logprob_chunk_size,
+        "train.clip_eps": train.clip_eps,
+        "train.horizon_every": train.horizon_every,
+        "train.checkpoint_every": train.checkpoint_every,
+        "train.keep_checkpoints": train.keep_checkpoints,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if not 0 < train.rollouts_fraction <= 1:
+        raise ConfigError(
+            f"train.rollouts_fraction: must be in (0, 1], got {train.rollouts_fraction}"
+        )
+    if not 1 <= train.min_rollouts_per_task <= train.rollouts_per_task:
+        raise ConfigError(
+            f"train.min_rollouts_per_task: must be in [1, rollouts_per_task="
+            f"{train.rollouts_per_task}], got {train.min_rollouts_per_task}"
+        )
+    if train.advantage not in ("reinforce", "gae", "verlog") and train.rollouts_per_task < 2:
+        raise ConfigError(f"train.rollouts_per_task: advantage {train.advantage} needs K >= 2")
+    if train.micro_batch_size > train.minibatch_size:
+        raise ConfigError("train.micro_batch_size must not exceed train.minibatch_size")
+    if train.adv_threshold < 0 or train.eval_every < 0 or train.horizon_step < 0:
+        raise ConfigError("train.adv_threshold, eval_every and horizon_step must be >= 0")
+    if train.strictly_on_policy and train.epochs != 1:
+        raise ConfigError("train.strictly_on_policy needs train.epochs=1 (one on-policy pass)")
+    if train.horizon_start is not None and train.horizon_start < 1:
+        raise ConfigError(f"train.horizon_start: must be >= 1, got {train.horizon_start}")
+    if not 0 < train.no_signal_draw_prob <= 1:
+        raise ConfigError(
+            f"train.no_signal_draw_prob: must be in (0, 1], got {train.no_signal_draw_prob}"
+        )
+    if train.loss == "cross_entropy" and train.advantage != "filter":
+        raise ConfigError(
+            "train.loss cross_entropy trains on the rollouts that advantage filter keeps: "
+            f"set train.advantage=filter (got {train.advantage})"
+        )
+
+
+def _check_warm_start(config: RunConfig) -> None:
+    warm = config.warm_start
+    positive = {
+        "warm_start.epochs": warm.epochs,
+        "warm_start.lr": warm.lr,
+        "warm_start.minibatch_size": warm.minibatch_size,
+        "warm_start.rft_passes": warm.rft_passes,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if warm.source == "rollouts" and not warm.rollouts:
+        raise ConfigError("warm_start.source rollouts needs warm_start.rollouts (paths)")
+    if warm.source == "rft" and (not warm.rft_temperatures or min(warm.rft_temperatures) < 0):
+        raise ConfigError("warm_start.rft_temperatures: a non-empty list of temperatures >= 0")
+    if warm.source != "none" and config.model.lora_rank == 0:
+        raise ConfigError("warm_start needs a LoRA policy (model.lora_rank > 0)")
+    if config.model.init_adapter is not None and config.model.lora_rank == 0:
+        raise ConfigError("model.init_adapter needs a LoRA policy (model.lora_rank > 0)")
+
+
+def _check_critic_and_kl(config: RunConfig) -> None:
+    critic, train = config.critic, config.train
+    if train.kl_coef < 0:
+        raise ConfigError(f"train.kl_coef: must be >= 0, got {train.kl_coef}")
+    if train.kl_coef > 0 and config.model.lora_rank == 0:
+        raise ConfigError(
+            "train.kl_coef needs a LoRA policy (model.lora_rank > 0): the reference is the base "
+            "model with the adapter disabled; full fine-tuning keeps no reference copy"
+        )
+    for key in ("gamma", "lam", "gamma_token", "lambda_token", "gamma_step", "lambda_step"):
+        if not 0 <= getattr(critic, key) <= 1:
+            raise ConfigError(f"critic.{key}: must be in [0, 1], got {getattr(critic, key)}")
+    if critic.hidden_sizes and (len(critic.hidden_sizes) != 2 or min(critic.hidden_sizes) < 1):
+        raise ConfigError(f"critic.hidden_sizes: two widths >= 1, got {critic.hidden_sizes}")
+    if (critic.lr is not None and critic.lr <= 0) or critic.max_grad_norm <= 0:
+        raise ConfigError("critic.lr and critic.max_grad_norm must be > 0")
+    if critic.clip_eps is not None and critic.clip_eps <= 0:
+        raise ConfigError(f"critic.clip_eps: must be > 0 or null, got {critic.clip_eps}")
+    if min(critic.coef, critic.coef_final, critic.first_token_weight) < 0:
+        raise ConfigError("critic.coef, coef_final and first_token_weight must be >= 0")
+    if critic.value_range and (len(critic.value_range) != 2 or
+                               critic.value_range[0] >= critic.value_range[1]):  # fmt: skip
+        raise ConfigError(f"critic.value_range: [low, high], got {critic.value_range}")
+    if critic.warmup_iterations < 0 or critic.coef_decay_iterations < 0:
+        raise ConfigError("critic.warmup_iterations and coef_decay_iterations must be >= 0")

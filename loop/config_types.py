@@ -1,0 +1,321 @@
+"""The run configuration's types: one dataclass per section, every field with its one-line doc.
+
+The doc is the field's metadata (`doc(default, text)`), so `python train.py --help-config`
+prints it (`describe`) and a test checks that no field lacks one. Defaults follow the paper
+where it has a number (loop_spec.md); `configs/quickstart.yaml` scales them down for a CPU.
+Loading and validation live in loop/config.py and loop/checks.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A configuration problem, stated in one line that names the key."""
+
+
+def doc(default: Any, text: str) -> Any:
+    """A field with `default` and its one-line doc (shown by `--help-config`)."""
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+def doc_factory(factory: Callable[[], Any], text: str) -> Any:
+    """A field whose default is made by `factory` (a list, a section), with its doc."""
+    return dataclasses.field(default_factory=factory, metadata={"doc": text})
+
+
+@dataclass
+class ModelConfig:
+    """The policy LLM."""
+
+    name: str = doc("smollm2-135m", "a hub id, a local path, or a built-in alias (loop/models.py)")
+    dtype: Literal["float32", "bfloat16", "float16"] = doc(
+        "float32",
+        "weights' dtype (float32 on CPU; bfloat16 on GPU)",
+    )
+    device: Literal["cpu", "cuda", "auto"] = doc(
+        "cpu",
+        "where the policy runs (auto: CUDA when available)",
+    )
+    attn_implementation: str | None = doc(None, 'e.g. "sdpa", "flash_attention_2"; None = default')
+    lora_rank: int = doc(16, "LoRA r; 0 = full fine-tuning")
+    lora_alpha: int = doc(32, "LoRA alpha (the update is scaled by alpha / r)")
+    lora_dropout: float = doc(0.0, "dropout on the LoRA branch")
+    lora_target_modules: str = doc(
+        "all-linear",
+        "which layers get LoRA adapters (PEFT's target_modules; all-linear: every linear layer)",
+    )
+    load_in_4bit: bool = doc(False, "4-bit base via bitsandbytes (CUDA only)")
+    gradient_checkpointing: bool = doc(
+        False,
+        "recompute activations in the backward pass (less memory, more time)",
+    )
+    torch_threads: int | None = doc(None, "CPU threads for torch ops (None: torch's default)")
+    init_adapter: str | None = doc(None, "start from this PEFT LoRA adapter directory (LoRA only)")
+
+
+@dataclass
+class GeneratorConfig:
+    """Which backend samples the rollouts."""
+
+    backend: Literal["hf", "vllm", "openai"] = doc(
+        "hf",
+        "hf (samples with the training model itself) | vllm (in-process engine, LoRA hot-swap) "
+        "| openai (an endpoint; evaluation only)",
+    )
+    max_batch_size: int = doc(8, "hf: rows decoded together (continuous batching)")
+    kv_reuse: bool = doc(True, "hf: reuse shared prompt prefixes and each rollout's previous turn")
+    kv_cache_mb: float = doc(1024, "hf: memory for cached prefixes and previous turns (LRU)")
+    torch_threads: int | None = doc(None, "hf: torch's CPU threads while sampling (None: as is)")
+    gpu_memory_utilization: float = doc(0.4, "vllm: share of (GPU or CPU KV) memory for the engine")
+    max_model_len: int = doc(8192, "vllm: longest sequence the engine plans for")
+    tensor_parallel_size: int = doc(1, "vllm: GPUs one engine spans")
+    base_url: str | None = doc(None, "openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
+    served_model: str | None = doc(None, "openai: the model name the endpoint serves")
+    openai_mode: Literal["completions", "chat"] = doc(
+        "completions",
+        "openai: the completions API on token ids (token in, token out) or the chat API",
+    )
+
+
+@dataclass
+class SandboxConfig:
+    """The REPL sandboxes the agent's code runs in."""
+
+    pool_size: int = doc(4, "warm kernels kept ready")
+    cell_timeout_s: float = doc(30.0, "wall time of one cell")
+    memory_mb: int = doc(2048, "address-space limit of one kernel")
+    max_output_chars: int = doc(20_000, "cell output cut with a notice past this")
+
+
+@dataclass
+class AgentConfig:
+    """The ReAct episode."""
+
+    max_turns: int = doc(50, "the paper: 40 in training, 50 in evaluation")
+    max_new_tokens: int = doc(1500, "per turn")
+    max_context_tokens: int = doc(32_768, "the whole rollout; the episode ends when it is spent")
+    max_observation_tokens: int = doc(3000, "longer observations are cut with a notice")
+    temperature: float = doc(1.0, "sampling temperature (training needs > 0)")
+    top_p: float = doc(
+        1.0,
+        "nucleus sampling (training needs 1.0: the learner scores the full distribution)",
+    )
+    rollout_timeout_s: float = doc(
+        3600.0,
+        'wall time of one rollout ("timeout" when its cells used it)',
+    )
+    worked_example: bool = doc(
+        True,
+        "show the suite's worked example in the prompt (the paper does)",
+    )
+    memory_turns: int | None = doc(None, "Verlog's memory: context + the last n turns (None: all)")
+
+
+@dataclass
+class EvalConfig:
+    """evaluate.py and the trainer's periodic evaluation."""
+
+    split: str = doc("dev", "the suite's split to evaluate (apptown adds easy and easy_heldout)")
+    more_splits: list[str] = doc_factory(list, "also evaluated during training")
+    rollouts_per_task: int = doc(1, "K for pass@k")
+    limit: int | None = doc(None, "evaluate only the first N tasks of the split")
+    max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
+    temperature: float | None = doc(None, "sampling temperature (None: agent.temperature)")
+    max_turns: int | None = doc(None, "the turn limit in evaluation (None: agent.max_turns)")
+
+
+CRITIC_ADVANTAGES = ("gae", "verlog")  # train.advantage values that train a value head
+
+
+@dataclass
+class TrainConfig:
+    """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults)."""
+
+    iterations: int = doc(200, "RL iterations (each: collect, learn, sync)")
+    split: str = doc("train", "the suite split tasks are drawn from")
+    max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty (paper: 2)")
+    tasks_per_iteration: int = doc(40, "N: tasks drawn per iteration (without replacement)")
+    rollouts_per_task: int = doc(6, "K: i.i.d. rollouts of each task")
+    max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
+    rollouts_fraction: float = doc(
+        0.9,
+        "straggler cut-off: stop once this share of rollouts is done",
+    )
+    min_rollouts_per_task: int = doc(4, "... and every task has at least this many")
+    reward: Literal["fraction", "success", "acted"] = doc(
+        "fraction",
+        "fraction of tests passed | all passed | acted: the collateral test counts only once "
+        "the agent called complete_task or changed something (loop/credit.py)",
+    )
+    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
+        "loo",
+        "loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches "
+        "return_threshold, else 0: expert iteration, with loss cross_entropy) | gae (per-token "
+        "GAE from a value head: the paper's PPO with a learned critic) | verlog (dual-discount "
+        "GAE)",
+    )
+    return_threshold: float = doc(
+        1.0,
+        "advantage filter: the return a rollout must reach (EI: 1.0)",
+    )
+    normalize_advantage: bool = doc(False, 'loo only: divide by the group std ("LOOP RwNorm")')
+    turn_coef: float = doc(1.0, "advantage turn: weight of the turn-level advantage (MT-GRPO)")
+    adv_threshold: float = doc(0.01, "drop rollouts with |A| below this before learning")
+    loss: Literal["ppo", "reinforce", "cross_entropy"] = doc(
+        "ppo",
+        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)",
+    )
+    ratio_level: Literal["token", "turn", "trajectory"] = doc(
+        "token",
+        "importance-weight granularity",
+    )
+    clip_eps: float = doc(0.1, "PPO epsilon")
+    clip_lower: Literal["reciprocal", "symmetric"] = doc(
+        "reciprocal",
+        "[1/(1+eps), 1+eps] or 1-eps",
+    )
+    epochs: int = doc(2, "passes over the kept rollouts per iteration")
+    minibatch_size: int = doc(32, "rollouts per optimizer step (the loss is divided by this)")
+    micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")
+    strictly_on_policy: bool = doc(False, "one epoch, one minibatch of everything (RLOO / GRPO)")
+    lr: float = doc(5e-5, "AdamW, constant schedule stepped once per iteration")
+    weight_decay: float = doc(0.01, "AdamW weight decay")
+    max_grad_norm: float = doc(0.1, "global L2 clip (the reference code; the paper says 1.0)")
+    kl_threshold: float = doc(20.0, "|k1| above this skips the rest of the iteration")
+    kl_coef: float = doc(0.0, "beta of the k3 KL to the reference (GRPO; LoRA only: adapter off)")
+    max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
+    max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
+    logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
+    logprob_diff_threshold: float | None = doc(None, "abort if max |learner - sampler| exceeds it")
+    max_infra_failure_share: float | None = doc(
+        0.5,
+        "abort if more of an iteration's rollouts fail",
+    )
+    stress_test: bool = doc(True, "forward+backward of a max_seq_len rollout before iteration 0")
+    horizon_start: int | None = doc(None, "turn limit of iteration 0 (None: agent.max_turns)")
+    horizon_step: int = doc(0, "ScalingInter-RL: the turn limit grows by this ...")
+    horizon_every: int = doc(1, "... every this many iterations, up to agent.max_turns")
+    no_signal_draw_prob: float = doc(
+        1.0,
+        "A task whose last group carried no signal (every rollout the same reward: all solved "
+        "or all failed) is drawn with this probability when its turn comes (1.0: always, the "
+        "paper).",
+    )
+    eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
+    checkpoint_every: int = doc(1, "save every n iterations (and after the last)")
+    keep_checkpoints: int = doc(3, "keep the last n checkpoints")
+    save_rollouts: bool = doc(True, "write every rollout to rollouts/iter-N.jsonl.gz")
+    tensorboard: bool = doc(True, "write TensorBoard events to <run_dir>/tb/")
+    wandb_project: str | None = doc(None, "log to Weights & Biases too (needs wandb installed)")
+    deterministic: bool = doc(False, "torch deterministic algorithms (reproducible on CPU)")
+
+
+@dataclass
+class CriticConfig:
+    """The value head of `train.advantage: gae | verlog` (loop/critic.py; [P] App. C, Verlog)."""
+
+    hidden_sizes: list[int] = doc_factory(list, "MLP widths; []: 3/5, 2/5 of hidden")
+    lr: float | None = doc(None, "AdamW of the head (None: train.lr)")
+    clip_eps: float | None = doc(0.2, "value clipping around the old value (None: unclipped)")
+    value_range: list[float] = doc_factory(list, "clamp V to [lo, hi] ([P]: 0, 1)")
+    coef: float = doc(0.1, "value loss coefficient at iteration 0 ([P]: 0.1)")
+    coef_final: float = doc(0.001, "... decayed linearly to this ([P]: 0.001)")
+    coef_decay_iterations: int = doc(200, "... over this many iterations ([P]: 200)")
+    grad_to_body: bool = doc(False, "let the value loss reach the LoRA weights ([P]: no)")
+    warmup_iterations: int = doc(0, "first iterations with the actor frozen ([P]: 10)")
+    first_token_weight: float = doc(1.0, "value-loss weight of a turn's first token (Verlog: > 1)")
+    max_grad_norm: float = doc(1.0, "global L2 clip of the head's gradient")
+    gamma: float = doc(1.0, "gae: discount ([P]: 1; 0.95-0.999 diverged)")
+    lam: float = doc(1.0, "gae: lambda ([P]: 1, so A = R - V)")
+    gamma_token: float = doc(1.0, "verlog: discount between tokens of a turn (paper 000: 1)")
+    lambda_token: float = doc(1.0, "verlog: lambda between tokens of a turn (paper 000: 1)")
+    gamma_step: float = doc(0.99, "verlog: discount across turns (paper 000: 0.99)")
+    lambda_step: float = doc(0.95, "verlog: lambda across turns (paper 000: 0.95)")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised fine-tuning before RL (loop/warmstart.py; the paper's SFT-GT and RFT)."""
+
+    source: Literal["none", "gold", "rollouts", "rft"] = doc(
+        "none",
+        "none | gold (the suite's gold solutions played as agent episodes) | rollouts "
+        "(successful rollouts from `rollouts`, replayed) | rft (rejection sampling over a "
+        "temperature ladder)",
+    )
+    split: str = doc("train", "tasks of the gold demonstrations and of RFT")
+    max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty")
+    style: Literal["episode", "paper"] = doc(
+        "episode",
+        'paper: "Execution successful." observations',
+    )
+    rollouts: list[str] = doc_factory(list, "run dirs, eval dirs or rollouts files")
+    min_reward: float = doc(1.0, "rollouts and rft: keep rollouts whose reward reaches this")
+    epochs: int = doc(3, "passes over the demonstrations")
+    lr: float = doc(1e-3, "AdamW, constant")
+    minibatch_size: int = doc(8, "demonstrations per optimizer step")
+    select: Literal["last", "dev"] = doc("last", "dev: evaluate after each epoch, keep the best")
+    rft_temperatures: list[float] = doc_factory(
+        lambda: [round(0.05 * i, 2) for i in range(1, 21)],
+        "rft: the temperature ladder (the paper's: 0.05 to 1.0 in steps of 0.05)",
+    )
+    rft_passes: int = doc(1, "passes over the ladder for tasks still unsolved (paper: until 8 h)")
+    cache: bool = doc(True, "reuse an adapter trained on the same data with the same settings")
+
+
+@dataclass
+class RunConfig:
+    """One run: what to train or evaluate, with what, where results go."""
+
+    name: str = doc("run", "the run's name: results go to <output_dir>/<name>/")
+    output_dir: str = doc("runs", "results go to <output_dir>/<name>/")
+    suite: str = doc("apptown", "the task suite (tasks/registry.py): apptown or appworld")
+    seed: int = doc(0, "the seed every other seed derives from (loop/seeds.py)")
+    model: ModelConfig = doc_factory(ModelConfig, "the policy LLM")
+    generator: GeneratorConfig = doc_factory(GeneratorConfig, "which backend samples the rollouts")
+    sandbox: SandboxConfig = doc_factory(
+        SandboxConfig,
+        "the REPL sandboxes the agent's code runs in",
+    )
+    agent: AgentConfig = doc_factory(AgentConfig, "the ReAct episode")
+    eval: EvalConfig = doc_factory(EvalConfig, "evaluate.py and the trainer's periodic evaluation")
+    train: TrainConfig = doc_factory(TrainConfig, "the LOOP iteration")
+    critic: CriticConfig = doc_factory(
+        CriticConfig,
+        "the value head of train.advantage gae | verlog",
+    )
+    warm_start: WarmStartConfig = doc_factory(WarmStartConfig, "supervised fine-tuning before RL")
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run writes (derived in one place)."""
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for writing the resolved config next to the results."""
+        return dataclasses.asdict(self)
+
+
+def describe(cls: type = RunConfig, prefix: str = "") -> str:
+    """Every field of `cls` and its sections: `key (type, default: value)` and its doc."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            lines.append(f"\n{prefix}{f.name}: {f.metadata['doc']}")
+            lines.append(describe(typing.cast(type, hint), f"{prefix}{f.name}."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        lines.append(
+            f"  {prefix}{f.name} ({kind}, default: {default!r})\n      {f.metadata['doc']}"
+        )
+    return "\n".join(lines)
