@@ -18,18 +18,17 @@ the token budget then bounds each turn's prompt, not the whole episode.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from loop.codeblocks import extract_code
 from loop.config import AgentConfig
 from loop.generators.base import Generator, GeneratorError, SamplingParams
 from loop.prompt import build_messages, format_observation
 from loop.trajectory import Trajectory, Turn
 from tasks.core import EnvironmentFailureError
 
-CODE_OPEN = re.compile(r"```(?:python|py)[ \t]*\n")
 NO_CODE = "No code was found. Write your code in a ```python block."
 
 
@@ -58,20 +57,6 @@ class ChatGlue:
         if first_special and first_special[0] in tokenizer.all_special_ids:
             stops.add(first_special[0])  # e.g. <|im_end|> when eos is <|endoftext|>
         return cls(between, after, tuple(sorted(i for i in stops if i is not None)))
-
-
-def extract_code(text: str) -> str | None:
-    """All ```python / ```py blocks joined into one cell (a final unterminated one included)."""
-    blocks, pos = [], 0
-    while (opening := CODE_OPEN.search(text, pos)) is not None:
-        end = text.find("```", opening.end())
-        if end < 0:
-            blocks.append(text[opening.end() :])
-            break
-        blocks.append(text[opening.end() : end])
-        pos = end + 3
-    code = "\n\n".join(b.strip("\n") for b in blocks if b.strip())
-    return code or None
 
 
 def encode_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

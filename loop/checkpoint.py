@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from loop.models import is_peft_model
+
 STATE_FILE = "trainer_state.pt"
 ADAPTER_FILE = "adapter_model.safetensors"
 _NAME = re.compile(r"^iter-(\d+)$")
@@ -39,7 +41,7 @@ def save_weights(model: Any, path: Path) -> None:
 
     state = None
     if distributed.is_distributed():
-        state = distributed.full_state_dict(model, trainable_only=hasattr(model, "peft_config"))
+        state = distributed.full_state_dict(model, trainable_only=is_peft_model(model))
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar between iteration lines
     try:
         if state is None:
@@ -104,7 +106,7 @@ def load_adapter(model: Any, adapter: Path) -> None:
 
     if not (adapter / ADAPTER_FILE).is_file():
         raise FileNotFoundError(f"{adapter}: no {ADAPTER_FILE} (not a PEFT adapter directory)")
-    if not hasattr(model, "peft_config"):
+    if not is_peft_model(model):
         raise ValueError(f"{adapter}: a LoRA adapter needs a LoRA policy (model.lora_rank > 0)")
     try:
         result = set_peft_model_state_dict(model, load_file(str(adapter / ADAPTER_FILE)))
@@ -139,7 +141,7 @@ def save_checkpoint(
             shutil.rmtree(leftover, ignore_errors=True)
         tmp.mkdir()
     tmp = Path(distributed.broadcast_object(str(tmp)))
-    is_lora = hasattr(model, "peft_config")
+    is_lora = is_peft_model(model)
     save_weights(model, tmp / ("adapter" if is_lora else "model"))
     if main:
         torch.save({**state, "iteration": iteration, "rng": rng_state()}, tmp / STATE_FILE)

@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from loop import models
+
 
 def is_distributed() -> bool:
     """True inside an initialised process group of more than one process."""
@@ -149,7 +151,7 @@ def shard_model(model: Any) -> Any:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal_lm = models.causal_lm(model)
     body = causal_lm.base_model  # what token_logprobs runs: the FSDP root
     embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
     if body is causal_lm or embed is None or head is None:

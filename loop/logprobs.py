@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from loop.models import causal_lm
+
 
 def token_logprobs(
     model: Any,
@@ -53,7 +55,7 @@ def token_logprobs(
 
 def last_hidden_state(model: Any, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
     """The transformer body's last hidden state (B, T, H): one forward, no LM head."""
-    out = _unwrap_peft(model).base_model(
+    out = causal_lm(model).base_model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=_position_ids(attention_mask),
@@ -66,9 +68,9 @@ def logprobs_from_hidden(
     model: Any, hidden_states: Tensor, input_ids: Tensor, *, chunk_size: int, temperature: float
 ) -> Tensor:
     """`token_logprobs` from the body's hidden states (B, T, H): LM head over chunks."""
-    causal_lm = _unwrap_peft(model)
-    lm_head = causal_lm.get_output_embeddings()
-    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    lm = causal_lm(model)
+    lm_head = lm.get_output_embeddings()
+    softcap = getattr(lm.config, "final_logit_softcapping", None)
     batch, seq_len = input_ids.shape
     if seq_len == 1:  # nothing to predict: only the conventional 0.0 of position 0
         return hidden_states.new_zeros(batch, 1, dtype=torch.float32)
@@ -157,11 +159,6 @@ def _position_ids(attention_mask: Tensor | None) -> Tensor | None:
     if attention_mask is None:
         return None
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _unwrap_peft(model: Any) -> Any:
-    """The transformers causal LM inside a peft model (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _check_inputs(

@@ -9,6 +9,9 @@ and interrupted runs never see a half-written model.
 
     resolve_model("smollm2-135m")          -> "~/.cache/loop-trainer/models/smollm2-135m-instruct"
     resolve_model("Qwen/Qwen2.5-7B-Instruct") -> unchanged (a hub id or a local path)
+
+`is_peft_model(model)` and `causal_lm(model)` are the one test for a PEFT (LoRA) wrapper and
+the one way under it, for the policy, checkpoints, FSDP, log-probs and the decoder engine.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +101,15 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
         del fresh.config.quantization_config  # vLLM refuses a config that says "gguf"
     fresh.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def is_peft_model(model: Any) -> bool:
+    """True when `model` is a peft wrapper (a LoRA adapter on a transformers model)."""
+    return hasattr(model, "peft_config")
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside a peft model (the model itself otherwise); peft's
+    layers stay in place inside it."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model

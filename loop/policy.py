@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from loop.models import resolve_model
+from loop.models import is_peft_model, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda", "auto")
@@ -57,7 +57,7 @@ class Policy:
     @property
     def is_lora(self) -> bool:
         """True when the model is a peft model (the learner trains only the adapter)."""
-        return hasattr(self.model, "peft_config")
+        return is_peft_model(self.model)
 
 
 def load_policy(

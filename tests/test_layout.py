@@ -148,3 +148,25 @@ def test_loop_imports_tasks_only_through_its_contract() -> None:
 def test_only_the_two_clis_import_the_builders() -> None:
     importers = sorted(m for m, targets in import_graph().items() if "loop.build" in targets)
     assert importers == []  # train.py and evaluate.py, which are not in the graph
+
+
+def test_the_split_names_are_defined_once() -> None:
+    """tasks.core.SPLITS; the AppWorld engine side's copy (another interpreter) must agree."""
+    from tasks.core import SPLITS
+
+    path = ROOT / "tasks" / "appworld" / "engine_side" / "small_root.py"
+    copies = [
+        ast.literal_eval(node.value)
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "SPLITS" for t in node.targets)
+    ]
+    assert copies == [SPLITS]
+    spelled_out = ", ".join(f'"{name}"' for name in SPLITS)  # the tuple written by hand
+    spelled = [
+        str(p.relative_to(ROOT))
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if spelled_out in p.read_text() and p != path
+    ]
+    assert spelled == ["tasks/core.py"]

@@ -31,13 +31,14 @@ import torch
 from torch import Tensor
 
 from loop.generators.kvcache import PrefixEntry
+from loop.models import causal_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def supports(model: Any) -> bool:
     """True when `model` (peft-wrapped or not) has a layer layout this engine runs."""
-    base = _causal_lm(model)
+    base = causal_lm(model)
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) not in MODEL_TYPES:
         return False
@@ -69,7 +70,7 @@ class DecoderEngine:
         if max_rows < 1 or prefill_chunk < 1:
             raise ValueError(f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}")
         self.model = model
-        self.base = _causal_lm(model)
+        self.base = causal_lm(model)
         config = self.base.config
         self.layers = list(self.base.model.layers)
         self.kv_heads = config.num_key_value_heads
@@ -278,9 +279,3 @@ def _by_entry(rows: list[Row]) -> dict[PrefixEntry, list[int]]:
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _causal_lm(model: Any) -> Any:
-    """The transformers model under a peft wrapper (peft's layers stay in place inside it)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loop.agent import CODE_OPEN
+from loop.codeblocks import segments as message_segments
 from loop.inspect.assets import SCRIPT
 from loop.inspect.load import Rollout
 from loop.inspect.metrics import endpoint, is_execution_error
@@ -180,17 +180,7 @@ def transcript(rollout: Rollout, context: str, *, with_tokens: bool) -> dict[str
 
 def segments(text: str) -> list[list[str]]:
     """An agent message cut into ["t", prose] and ["c", code] pieces, in order."""
-    pieces: list[list[str]] = []
-    pos = 0
-    while (opening := CODE_OPEN.search(text, pos)) is not None:
-        if text[pos : opening.start()].strip():
-            pieces.append(["t", text[pos : opening.start()].strip("\n")])
-        end = text.find("```", opening.end())
-        pieces.append(["c", (text[opening.end() :] if end < 0 else text[opening.end() : end])])
-        pos = len(text) if end < 0 else end + 3
-    if text[pos:].strip():
-        pieces.append(["t", text[pos:].strip("\n")])
-    return pieces
+    return [[kind, body] for kind, body in message_segments(text)]
 
 
 def token_view(rollout: Rollout, start: int, end: int) -> dict[str, Any]:

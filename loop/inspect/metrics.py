@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any, Literal
 
-from loop.agent import CODE_OPEN
+from loop.codeblocks import code_blocks
 from loop.trajectory import Trajectory, Turn
 
 SHOW_API_DOC = re.compile(r"apis\.api_docs\.show_api_doc\b")
@@ -99,21 +99,6 @@ class RolloutMetrics:
     success: bool
     reward: float
     sequence: tuple[str, ...]  # "app.api" of every call, in order
-
-
-def code_blocks(text: str) -> list[str]:
-    """The ```python / ```py blocks of an agent message, as `loop.agent.extract_code` finds them
-    (a final unterminated block included, blank blocks left out), outer newlines stripped."""
-    blocks, pos = [], 0
-    while (opening := CODE_OPEN.search(text, pos)) is not None:
-        end = text.find("```", opening.end())
-        body = text[opening.end() :] if end < 0 else text[opening.end() : end]
-        if body.strip():
-            blocks.append(body.strip("\n"))
-        if end < 0:
-            break
-        pos = end + 3
-    return blocks
 
 
 def is_execution_error(turn: Turn) -> bool:

@@ -111,6 +111,7 @@ class WordSuite:
             for split, count in (("train", 4), ("dev", 2))
         }
 
+    @property
     def splits(self) -> dict[str, list[Task]]:
         return self._splits
 

@@ -32,6 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from small_root_tasks import CONTACTS, NOTE_TAGS, PASSWORD, SUPERVISOR, TASKS, email_of
 
+# tasks.core.SPLITS, copied: this script runs in AppWorld's interpreter, which cannot import
+# tasks/ (tests/test_layout.py checks that the two agree).
 SPLITS = ("train", "dev", "test_normal", "test_challenge")
 
 
