@@ -1,7 +1,10 @@
 """The LOOP trainer: `python train.py --config configs/<name>.yaml [key=value ...]`.
 
 `train()` is the algorithm, one iteration written once as numbered steps; everything else in
-this file is a helper with one call site. What "LOOP" means here, relative to the paper
+this file is a helper with one call site. train.py checks the config once
+(`loop.checks.check_run`), builds what the trainer runs on (`loop.build.build_training`, the
+`Parts` below) and calls `train()`; every seed comes from loop/seeds.py and every file of the
+run directory goes through loop/rundir.py. What "LOOP" means here, relative to the paper
 (Chen et al. 2025, arXiv 2502.01600, [P]) and its reference code (apple/ml-loop, [C]):
 
 - Rollouts: K i.i.d. rollouts per task at temperature 1 with the current weights, token in and

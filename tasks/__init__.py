@@ -1,5 +1,11 @@
 """Environments and task suites (no torch, and nothing from `loop/`).
 
+`tasks/core.py` is the whole contract `loop/` sees: `Task`, `TestReport`, `ApiCall`, the
+`Environment` and `TaskSuite` Protocols (whether a suite runs the agent's code in our sandbox,
+async grading, the prompt's worked example) and the example's message format. Each suite keeps
+its own worked example (tasks/apptown/example.py, tasks/appworld/example.py); its registry
+entry (tasks/registry.py) turns a run's plain settings into the suite.
+
 from tasks import get_suite
 suite = get_suite("apptown")          # or suite_for_run(name, RunSettings(...)) from a config
 task = suite.tasks("train")[0]
