@@ -389,7 +389,7 @@ class Learner:
     def _logprobs(self, batch: Batch, hidden: Tensor) -> Tensor:
         return logprobs_from_hidden(
             self.model, hidden, batch.input_ids, chunk_size=self.chunk_size,
-            temperature=self.temperature,
+            temperature=self.temperature, positions=batch.is_output,
         )  # fmt: skip
 
     def _values(self, hidden: Tensor) -> Tensor:

@@ -65,9 +65,21 @@ def last_hidden_state(model: Any, input_ids: Tensor, attention_mask: Tensor | No
 
 
 def logprobs_from_hidden(
-    model: Any, hidden_states: Tensor, input_ids: Tensor, *, chunk_size: int, temperature: float
+    model: Any,
+    hidden_states: Tensor,
+    input_ids: Tensor,
+    *,
+    chunk_size: int,
+    temperature: float,
+    positions: Tensor | None = None,
 ) -> Tensor:
-    """`token_logprobs` from the body's hidden states (B, T, H): LM head over chunks."""
+    """`token_logprobs` from the body's hidden states (B, T, H): LM head over chunks.
+
+    positions: (B, T) bool, the tokens whose log-probs are needed (the learner passes the
+    output mask); the LM head then runs over those rows only and every other entry is 0.0.
+    In a rollout most tokens are prompt and observations, so this skips most of the
+    vocabulary-sized matrix products, forward and backward.
+    """
     lm = causal_lm(model)
     lm_head = lm.get_output_embeddings()
     softcap = getattr(lm.config, "final_logit_softcapping", None)
@@ -77,6 +89,9 @@ def logprobs_from_hidden(
     # hidden[t] predicts token t + 1: (B, T-1, H) -> (B*(T-1), H), targets (B*(T-1),).
     hidden = hidden_states[:, :-1].reshape(batch * (seq_len - 1), -1)
     targets = input_ids[:, 1:].reshape(-1)
+    rows = None if positions is None else positions[:, 1:].reshape(-1).nonzero().squeeze(-1)
+    if rows is not None:
+        hidden, targets = hidden.index_select(0, rows), targets.index_select(0, rows)
     recompute_in_backward = torch.is_grad_enabled() and hidden.requires_grad
     pieces = []
     for start in range(0, hidden.shape[0], chunk_size):
@@ -88,7 +103,10 @@ def logprobs_from_hidden(
         else:
             piece = _chunk_logprobs(*args, lm_head, softcap, temperature)
         pieces.append(piece)
-    logprobs = torch.cat(pieces).reshape(batch, seq_len - 1)
+    picked = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    if rows is not None:
+        picked = picked.new_zeros(batch * (seq_len - 1)).index_copy(0, rows, picked)
+    logprobs = picked.reshape(batch, seq_len - 1)
     first = logprobs.new_zeros(batch, 1)
     return torch.cat([first, logprobs], dim=1)
 

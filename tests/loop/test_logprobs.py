@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from loop.logprobs import token_logprobs, token_logprobs_naive
+from loop.logprobs import logprobs_from_hidden, token_logprobs, token_logprobs_naive
 from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids, tiny_llama
 
 
@@ -87,6 +87,33 @@ def test_gradients_equal_naive() -> None:
     token_logprobs_naive(model, input_ids).sum().backward()
     for name, param in model.named_parameters():
         torch.testing.assert_close(chunked_grads[name], param.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_positions_give_the_same_values_and_gradients_there_and_zero_elsewhere() -> None:
+    model, input_ids = tiny_llama(), random_ids(2, 30)
+    positions = torch.rand(2, 30, generator=torch.Generator().manual_seed(1)) < 0.4
+    positions[:, 0] = False
+    body = model.model
+    rows_seen: list[int] = []
+    model.lm_head.register_forward_hook(lambda _m, args, _out: rows_seen.append(args[0].shape[0]))
+
+    def run(where: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        hidden = body(input_ids=input_ids).last_hidden_state
+        out = logprobs_from_hidden(
+            model, hidden, input_ids, chunk_size=5, temperature=1.0, positions=where
+        )
+        (out * positions).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    full, full_grads = run(None)
+    rows_seen.clear()
+    picked, picked_grads = run(positions)
+    assert sum(rows_seen) == 2 * int(positions.sum())  # the head saw only those rows
+    torch.testing.assert_close(picked[positions], full[positions], atol=1e-5, rtol=0)
+    assert torch.all(picked[~positions] == 0.0)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(picked_grads[name], grad, atol=1e-4, rtol=1e-4)
 
 
 def test_head_only_ever_sees_one_chunk() -> None:
