@@ -67,17 +67,20 @@ def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalP
     """The suite (splits checked), the generator with `checkpoint` applied, and a sandbox pool
     sized for `eval.max_concurrent_rollouts` (not entered yet)."""
     suite = build_suite(config)
-    check_splits(config, suite)
+    check_splits(config, suite, training=False)
     generator, tokenizer = build_generator(config, checkpoint)
     size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
     return EvalParts(suite, generator, tokenizer, build_pool(config, size=size))
 
 
-def check_splits(config: RunConfig, suite: TaskSuite) -> None:
-    """Every split the config names exists in the suite (else a one-line ConfigError)."""
-    named = {"train.split": config.train.split, "eval.split": config.eval.split}
+def check_splits(config: RunConfig, suite: TaskSuite, *, training: bool = True) -> None:
+    """Every split the run uses exists in the suite (else a one-line ConfigError); evaluation
+    alone uses only the eval splits, so a training config evaluates on any suite."""
+    named = {"eval.split": config.eval.split}
     named |= {f"eval.more_splits[{i}]": s for i, s in enumerate(config.eval.more_splits)}
-    if config.warm_start.source in ("gold", "rft"):
+    if training:
+        named["train.split"] = config.train.split
+    if training and config.warm_start.source in ("gold", "rft"):
         named["warm_start.split"] = config.warm_start.split
     for key, split in named.items():
         try:

@@ -8,9 +8,11 @@ Two sources:
 
 - `gold_demonstrations`: each task's gold solution (a suite with `gold_solution(task)`), one
   turn per gold cell, each opened by a short thought that says what the step is for; the last
-  thought quotes the output that answers the task. `style="paper"` is the LOOP paper's SFT-GT
-  variant (its App. C): one turn per top-level statement, the statement's comments as the
-  thought, and every observation replaced by "Execution successful.".
+  thought quotes the output that answers the task. A helper function a cell defines but does
+  not use moves to the first cell that calls it (`episode_cells`), so the first turn stays a
+  short login and the helper is written where it is needed. `style="paper"` is the LOOP
+  paper's SFT-GT variant (its App. C): one turn per top-level statement, the statement's
+  comments as the thought, and every observation replaced by "Execution successful.".
 - `replayed_demonstrations`: the assistant messages of successful rollouts from rollouts files
   (any run, any model: a teacher evaluated through the `openai` backend, say), replayed through
   the real environment with this policy's tokenizer, so they become token-exact for the student;
@@ -36,6 +38,7 @@ from tasks import SandboxLike, Task, TaskSuite
 DemoStyle = Literal["episode", "paper"]
 PAPER_OBSERVATION = "Execution successful."
 CALL = re.compile(r"apis\.(\w+)\.(\w+)\(")
+PAGED = re.compile(r"apis\.(\w+)\.(\w+)\b(?!\s*\()")  # an API handed to a helper, not called
 ANSWER = re.compile(r"complete_task\(\s*answer\s*=\s*(.+)\)\s*$", re.DOTALL)
 QUOTED_OUTPUT_CHARS = 80  # the last thought quotes the previous output when it is this short
 
@@ -53,8 +56,47 @@ def gold_scripts(suite: Any, task: Any, style: DemoStyle = "episode") -> list[Me
     cells = list(suite.gold_solution(task))
     if style == "paper":
         return [format_assistant(*step) for cell in cells for step in statements(cell)]
+    cells = episode_cells(cells)
     last = len(cells) - 1
     return [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
+
+
+def episode_cells(cells: Sequence[str]) -> list[str]:
+    """The cells as an agent would write them: a top-level function that a cell defines but does
+    not use moves to the front of the first later cell that uses it (and is dropped when none
+    does). The code run is the same; each turn just holds what it needs."""
+    cells = list(cells)
+    for i, cell in enumerate(cells):
+        lines = cell.splitlines()
+        for node in reversed(ast.parse(cell).body):
+            if not isinstance(node, ast.FunctionDef) or _uses(cell, node.name, skip=node):
+                continue
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+            helper = "\n".join(lines[first : node.end_lineno])
+            del lines[first : node.end_lineno]
+            user = next((j for j in range(i + 1, len(cells)) if _uses(cells[j], node.name)), None)
+            if user is not None:
+                cells[user] = f"{helper}\n\n{cells[user]}"
+        cells[i] = _tidy(lines)
+    return cells
+
+
+def _uses(code: str, name: str, skip: ast.AST | None = None) -> bool:
+    """Whether `code` refers to `name` outside the `skip` node."""
+    inside = set() if skip is None else {id(n) for n in ast.walk(skip)}
+    return any(
+        isinstance(n, ast.Name) and n.id == name and id(n) not in inside
+        for n in ast.walk(ast.parse(code))
+    )
+
+
+def _tidy(lines: list[str]) -> str:
+    """Lines joined with runs of blank lines collapsed to one, none at either end."""
+    kept: list[str] = []
+    for line in lines:
+        if line.strip() or (kept and kept[-1].strip()):
+            kept.append(line)
+    return "\n".join(kept).strip("\n")
 
 
 def statements(cell: str) -> list[tuple[str, str]]:
@@ -91,6 +133,10 @@ def describe(code: str) -> str:
     if "supervisor.complete_task" in code:
         return "The change is done and the task asks for no answer, so I mark it complete."
     data = [c for c in calls if not c.startswith(("supervisor.", "api_docs."))]
+    paged = [f"{app}.{api}" for app, api in PAGED.findall(code) if f"{app}.{api}" not in calls]
+    if paged:
+        then = f", then {', then '.join(data)}" if data else ""
+        return f"Next I read every page of {', then '.join(paged)} (it is paginated){then}."
     if data:
         return f"Next I use {', then '.join(data)} for what the task asks."
     return "Next I work out what the task asks from what I have."

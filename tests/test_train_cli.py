@@ -27,6 +27,9 @@ SHORT = [
     # SmolLM2 scores the same 0.5 on every rollout, so every advantage is 0; a zero threshold
     # keeps them anyway, so the recompute, the learner step and the weight sync all run.
     "train.adv_threshold=0",
+    # The quickstart's warm start and learner settings (tests/loop/test_finetune.py covers the
+    # warm start): none here, two epochs, so two minibatches of two make four steps.
+    "warm_start.source=none", "train.epochs=2",
 ]  # fmt: skip
 
 

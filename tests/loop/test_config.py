@@ -92,6 +92,11 @@ def test_splits_are_checked_against_the_suite() -> None:
     config.eval.more_splits = ["easy_heldout", "validation"]
     with pytest.raises(ConfigError, match=r"eval.more_splits\[1\]: .*validation"):
         check_splits(config, suite)
+    config = RunConfig()
+    config.train.split = "no_such_split"  # a training split another suite has
+    check_splits(config, suite, training=False)  # evaluating needs only the eval splits
+    with pytest.raises(ConfigError, match=r"^train.split: .*no_such_split"):
+        check_splits(config, suite)
 
 
 def test_a_config_can_start_from_a_base(tmp_path: Path) -> None:

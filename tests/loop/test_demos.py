@@ -24,6 +24,7 @@ from loop.demos import (
     assistant_messages,
     demo_settings,
     describe,
+    episode_cells,
     gold_scripts,
     play,
     statements,
@@ -63,7 +64,7 @@ def test_gold_demonstrations_are_token_exact_episodes_that_score_1(
         assert task.instruction in context and opening == build_messages(context, [])
         assert demo.tokens[: demo.prompt_length] == encode_prompt(tokenizer, opening)
         sampled = set()
-        for turn, cell in zip(demo.turns, suite.gold_solution(task), strict=True):
+        for turn, cell in zip(demo.turns, episode_cells(suite.gold_solution(task)), strict=True):
             span = demo.tokens[turn.output_start : turn.output_end]
             assert span[-1] == stop  # the stop id is part of the demonstration, as sampled
             assert tokenizer.decode(span, skip_special_tokens=True) == turn.text
@@ -106,3 +107,20 @@ def test_statements_keep_loops_whole_and_use_comments_as_thoughts() -> None:
         "`len(songs)`, so I pass it to complete_task."
     )
     assert "log in to music" in describe('apis.music.login(username="a", password="b")')
+
+
+def test_a_helper_is_written_in_the_turn_that_first_uses_it() -> None:
+    helper = "def pages(api):\n    return api()"
+    cells = [f"x = 1\n\n{helper}\n\nlogin()", "y = 2", "items = pages(apis.a.b)\nprint(items)"]
+    moved = episode_cells(cells)
+    assert moved == [
+        "x = 1\n\nlogin()",
+        "y = 2",
+        f"{helper}\n\nitems = pages(apis.a.b)\nprint(items)",
+    ]
+    assert episode_cells(["def unused():\n    pass\nz = 3"]) == ["z = 3"]  # used nowhere: dropped
+    kept = ["def f():\n    return 1\nprint(f())"]  # used where it is defined: stays
+    assert episode_cells(kept) == kept
+    assert "every page of music.show_playlists" in describe(
+        moved[2].replace("a.b", "music.show_playlists")
+    )

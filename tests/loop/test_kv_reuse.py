@@ -101,6 +101,23 @@ async def test_the_k_rollouts_of_a_task_share_the_whole_prompt(tiny_policy: Poli
     await generator.close()
 
 
+async def test_tasks_sharing_most_of_their_prompt_view_one_entry(tiny_policy: Policy) -> None:
+    """Prompts that an entry covers for at least SHARE_FRACTION view it (their task ids go to
+    their rows), so a decode step reads one entry for all of them; a prompt that shares less
+    becomes an entry of its own. Results equal the static path either way."""
+    generator = HFGenerator(tiny_policy, max_batch_size=4)
+    prompts = task_prompts(4)  # the 40 shared ids, then 2-8 of their own
+    other = list(range(60, 64)) + SHARED[:3] + list(range(70, 110))  # shares 0 ids with them
+    params = [sampled(seed) for seed in range(5)]
+    results = await asyncio.gather(
+        *(generator.generate(p, q) for p, q in zip([*prompts, other], params, strict=True))
+    )
+    assert len(generator.cache.entries) == 2
+    for prompt, param, got in zip([*prompts, other], params, results, strict=True):
+        assert_same(got, await reference(tiny_policy, prompt, param))
+    await generator.close()
+
+
 @pytest.mark.parametrize("change", ["optimizer_step", "load_adapter"])
 async def test_a_weight_change_never_samples_from_stale_keys(tmp_path, tiny_model_dir, change):
     """After the weights change, a prompt whose prefix (and previous turn) is cached gives what
