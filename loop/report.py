@@ -88,6 +88,7 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True)
     x = [r["iteration"] for r in train]
@@ -119,6 +120,7 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
     if points:
         bottom.legend(loc="best", fontsize=8)
     bottom.grid(alpha=0.3)
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole
     fig.suptitle(f"{run_dir.name}: learning curve")
     fig.tight_layout()
     path = run_dir / CURVE

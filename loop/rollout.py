@@ -21,7 +21,7 @@ from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generator
 from loop.trajectory import RolloutStatus, Trajectory
-from tasks import Environment, Task, TaskSuite
+from tasks import Environment, EnvironmentFailureError, Task, TaskSuite
 
 
 class SandboxPool(Protocol):
@@ -141,6 +141,9 @@ async def _score(traj: Trajectory, env: Environment) -> None:
     """The environment's tests on the final state give the reward (one scoring path)."""
     try:
         report = await env.aevaluate()  # a slow grader runs off the event loop
+    except EnvironmentFailureError as exc:  # its engine died before grading: as during a step
+        traj.status, traj.error = "env_crash", f"grading failed: {type(exc).__name__}: {exc}"
+        return
     except Exception as exc:
         traj.status, traj.error = "env_error", f"grading failed: {type(exc).__name__}: {exc}"
         return

@@ -26,7 +26,7 @@ def evaluate(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_evaluate_runs_end_to_end_and_writes_rollouts_and_metrics(tmp_path: Path) -> None:
     done = evaluate(
-        "--config", str(QUICKSTART), "--split", "dev", "--limit", "2",
+        "--config", str(QUICKSTART), "--split", "dev", "--limit", "2", "--rollouts-per-task", "1",
         f"output_dir={tmp_path}", "agent.max_turns=2", "agent.max_new_tokens=48",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

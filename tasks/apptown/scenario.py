@@ -155,6 +155,11 @@ def contacts_with(g: Grader, user_id: int, label: str) -> list[dict[str, Any]]:
     )
 
 
+def person_ids(g: Grader) -> dict[str, int]:
+    """Every person's id by email address, in the initial state."""
+    return {r["email"]: r["id"] for r in g.before("SELECT id, email FROM people")}
+
+
 def people_with(world: World, user_id: int, label: str) -> list[Person]:
     """Who is `label` to the user (as their phone contacts say, before any setup)."""
     return [world.person(pid) for pid in world.society.related(user_id, label)]

@@ -69,6 +69,14 @@ class World:
         track_changes(db)
         return cls(seed, society, Snapshot(db))
 
+    def library_songs(self, person_id: int) -> list[dict[str, Any]]:
+        """The songs in a person's music library (their `music_songs` rows), by title then id."""
+        return self.template.rows(
+            "SELECT s.* FROM music_library l JOIN music_songs s ON s.id = l.song_id "
+            "WHERE l.person_id = ? ORDER BY s.title, s.id",
+            (person_id,),
+        )
+
     def person(self, pid: int) -> Person:
         person = self.society.people[pid - 1]
         assert person.id == pid, (person, pid)

@@ -27,13 +27,7 @@ class MusicCountLibraryGenre(Scenario):
     def variants(self, world: World) -> list[Variant]:
         pairs = []
         for p in world.society.people:
-            songs = world.template.rows(
-                "SELECT s.genre FROM music_library l JOIN music_songs s "
-                "ON s.id = l.song_id WHERE l.person_id = ? ORDER BY "
-                "s.title, s.id",
-                (p.id,),
-            )
-            genres = [s["genre"] for s in songs]
+            genres = [s["genre"] for s in world.library_songs(p.id)]
             pairs += [
                 (p.id, g)
                 for g in sorted(set(genres))

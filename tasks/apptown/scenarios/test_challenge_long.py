@@ -7,7 +7,15 @@ import sqlite3
 from datetime import date, timedelta
 
 from tasks.apptown.grading import Grader
-from tasks.apptown.scenario import Scenario, Variant, contacts_with, days_ago, ids, login_cell
+from tasks.apptown.scenario import (
+    Scenario,
+    Variant,
+    contacts_with,
+    days_ago,
+    ids,
+    login_cell,
+    person_ids,
+)
 from tasks.apptown.scenarios.test_challenge import (
     FIND_LIST,
     TodoCompleteOverdue,
@@ -258,7 +266,7 @@ class TodoStatusEmailManager(Scenario):
 
     def evaluate(self, g: Grader, v: Variant) -> None:
         manager = contacts_with(g, v.user_id, "manager")[0]
-        manager_id = g.before("SELECT id FROM people WHERE email = ?", (manager["email"],))[0]
+        manager_id = person_ids(g)[manager["email"]]
         titles = [
             i["title"]
             for i in g.before(
@@ -273,7 +281,7 @@ class TodoStatusEmailManager(Scenario):
             "emailed_manager",
             "One email with subject 'Status update' went to the manager",
             [e["subject"] for e in sent] == ["Status update"]
-            and [r["person_id"] for r in recipients] == [manager_id["id"]],
+            and [r["person_id"] for r in recipients] == [manager_id],
             f"sent {[e['subject'] for e in sent]} to {[r['person_id'] for r in recipients]}",
         )
         lines = [x.strip() for e in sent for x in e["body"].splitlines() if x.strip()]

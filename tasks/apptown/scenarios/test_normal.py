@@ -114,13 +114,7 @@ class MusicMostPlayedLibrary(Scenario):
     def variants(self, world: World) -> list[Variant]:
         candidates = []
         for p in world.society.people:
-            songs = world.template.rows(
-                "SELECT s.play_count FROM music_library l JOIN "
-                "music_songs s ON s.id = l.song_id WHERE l.person_id = ? "
-                "ORDER BY s.title, s.id",
-                (p.id,),
-            )
-            counts = [s["play_count"] for s in songs]
+            counts = [s["play_count"] for s in world.library_songs(p.id)]
             if max(counts) not in counts[:5]:
                 candidates.append(p.id)
         users = self.pick_users(world, candidates)

@@ -13,6 +13,7 @@ from tasks.apptown.scenario import (
     days_ago,
     ids,
     login_cell,
+    person_ids,
 )
 from tasks.apptown.world import World, insert_row
 
@@ -76,7 +77,7 @@ class EmailCoworkersAnnouncement(Scenario):
 
     def evaluate(self, g: Grader, v: Variant) -> None:
         emails = {c["email"] for c in contacts_with(g, v.user_id, "coworker")}
-        people = {r["id"] for r in g.before("SELECT id, email FROM people") if r["email"] in emails}
+        people = {pid for email, pid in person_ids(g).items() if email in emails}
         sent, recipients = sent_email(g, v.user_id)
         got = {r["person_id"] for r in recipients}
         g.check(
@@ -157,7 +158,7 @@ class MusicEmailPlaylistToPartner(Scenario):
 
     def evaluate(self, g: Grader, v: Variant) -> None:
         partner = contacts_with(g, v.user_id, "partner")[0]
-        partner_id = g.before("SELECT id FROM people WHERE email = ?", (partner["email"],))[0]
+        partner_id = person_ids(g)[partner["email"]]
         titles = [
             r["title"]
             for r in g.before(
@@ -172,7 +173,7 @@ class MusicEmailPlaylistToPartner(Scenario):
             "emailed_partner",
             f"One email with subject '{v['title']} songs' went to the partner only",
             [e["subject"] for e in sent] == [f"{v['title']} songs"]
-            and [r["person_id"] for r in recipients] == [partner_id["id"]],
+            and [r["person_id"] for r in recipients] == [partner_id],
             f"sent {[e['subject'] for e in sent]} to {[r['person_id'] for r in recipients]}",
         )
         lines = [line.strip() for e in sent for line in e["body"].splitlines() if line.strip()]

@@ -15,6 +15,7 @@ from tasks.apptown.scenario import (
     ids,
     login_cell,
     people_with,
+    person_ids,
 )
 from tasks.apptown.world import World, insert_row
 
@@ -284,7 +285,7 @@ class PaymentsSplitBillRoommates(Scenario):
     def evaluate(self, g: Grader, v: Variant) -> None:
         roommates = contacts_with(g, v.user_id, "roommate")
         share = round(float(v["total"]) / (len(roommates) + 1), 2)
-        payers = {r["id"]: r["email"] for r in g.before("SELECT id, email FROM people")}
+        payers = {pid: email for email, pid in person_ids(g).items()}
         expected = sorted((r["email"], share, v["thing"]) for r in roommates)
         new = [r for r in g.diff.added("payments_requests") if r["requester_id"] == v.user_id]
         got = sorted((payers[r["payer_id"]], r["amount"], r["description"]) for r in new)

@@ -15,6 +15,7 @@ from tasks.apptown.scenario import (
     ids,
     login_cell,
     people_with,
+    person_ids,
 )
 from tasks.apptown.world import World, insert_row
 
@@ -37,7 +38,7 @@ def _emails_of(g: Grader, contacts: list[dict]) -> set[str]:
 
 
 def _person_ids(g: Grader, emails: set[str]) -> set[int]:
-    return {r["id"] for r in g.before("SELECT id, email FROM people") if r["email"] in emails}
+    return {pid for email, pid in person_ids(g).items() if email in emails}
 
 
 class PaymentsRemindRoommates(Scenario):
