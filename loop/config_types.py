@@ -208,6 +208,11 @@ class TrainConfig:
         "or all failed) is drawn with this probability when its turn comes (1.0: always, the "
         "paper).",
     )
+    stratify: Literal["scenario"] | None = doc(
+        None,
+        "scenario: each iteration's tasks spread evenly over the scenarios (None: the paper's "
+        "uniform draws)",
+    )
     eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
     checkpoint_every: int = doc(1, "save every n iterations (and after the last)")
     keep_checkpoints: int = doc(3, "keep the last n checkpoints")

@@ -11,15 +11,23 @@ probability when its turn comes (skipped otherwise, until the next pass), so ite
 their rollouts where there is something to learn (prime-rl's easy/hard pools, DAPO's dynamic
 sampling). The skips are counted by kind (`solved`: every rollout succeeded; `stuck`: every
 rollout had the same reward short of success). At 1.0 (the default) draws are the paper's.
+
+`stratify="scenario"` interleaves each pass's order by scenario (a shuffled round-robin over
+the scenarios, each scenario's tasks in shuffled order), so any N consecutive draws cover
+min(N, scenarios) scenarios evenly. With few tasks an iteration and tasks that are variants of
+a few scenarios, uniform draws can fill an iteration with one scenario, and the update then
+teaches that scenario's moves to every task. Off (None) by default: the paper's draws.
 """
 
 from __future__ import annotations
 
 import random
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
 
 Signal = Literal["signal", "solved", "stuck"]
+Stratify = Literal["scenario"] | None
 
 
 def group_signal(rewards: Sequence[float], successes: Sequence[bool]) -> Signal:
@@ -33,7 +41,14 @@ def group_signal(rewards: Sequence[float], successes: Sequence[bool]) -> Signal:
 class TaskSampler:
     """Draws tasks in a seeded order; pass p's order is a shuffle seeded by (seed, p)."""
 
-    def __init__(self, tasks: Sequence[Any], seed: int, *, no_signal_draw_prob: float = 1.0):
+    def __init__(
+        self,
+        tasks: Sequence[Any],
+        seed: int,
+        *,
+        no_signal_draw_prob: float = 1.0,
+        stratify: Stratify = None,
+    ):
         if not tasks:
             raise ValueError("no tasks to sample from")
         if not 0 < no_signal_draw_prob <= 1:
@@ -41,6 +56,7 @@ class TaskSampler:
         self.tasks = list(tasks)
         self.seed = seed
         self.no_signal_draw_prob = no_signal_draw_prob
+        self.stratify = stratify
         self.passes = 0  # completed passes over the tasks
         self.position = 0  # draws taken from the current pass
         self.last_signal: dict[str, Signal] = {}  # task id -> what its last group taught
@@ -97,4 +113,16 @@ class TaskSampler:
     def _shuffled(self, index: int) -> list[Any]:
         order = list(self.tasks)
         random.Random(self.seed * 1_000_003 + index).shuffle(order)
-        return order
+        if self.stratify is None:
+            return order
+        return interleave(order, key=lambda task: task.scenario_id)
+
+
+def interleave(order: Sequence[Any], key: Any) -> list[Any]:
+    """`order` regrouped round-robin by `key`: the groups in order of first appearance, each
+    group's items in their order (so a shuffled `order` gives a shuffled round-robin)."""
+    groups: dict[Any, list[Any]] = defaultdict(list)
+    for item in order:
+        groups[key(item)].append(item)
+    depth = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(depth) for g in groups.values() if i < len(g)]

@@ -125,7 +125,7 @@ async def _train(config: RunConfig, parts: Parts, show_progress: bool) -> dict[s
     cfg, run_dir = config.train, config.run_dir
     sampler = TaskSampler(
         training_tasks(parts.suite, cfg), seed=config.seed,
-        no_signal_draw_prob=cfg.no_signal_draw_prob,
+        no_signal_draw_prob=cfg.no_signal_draw_prob, stratify=cfg.stratify,
     )  # fmt: skip
     learner = build_learner(config, parts.policy)
     start = resume(run_dir, parts.policy, learner, sampler)

@@ -70,3 +70,22 @@ def test_resuming_continues_the_same_draws() -> None:
 def test_bad_probability_is_refused() -> None:
     with pytest.raises(ValueError, match="no_signal_draw_prob"):
         TaskSampler(TASKS, seed=0, no_signal_draw_prob=0.0)
+
+
+@dataclass(frozen=True)
+class V:
+    id: str
+    scenario_id: str
+
+
+def test_stratified_draws_spread_each_iteration_over_the_scenarios() -> None:
+    # 3 scenarios with 6, 4 and 2 variants: 12 tasks
+    tasks = [V(f"{s}_{n}", s) for s, count in (("a", 6), ("b", 4), ("c", 2)) for n in range(count)]
+    uniform = TaskSampler(tasks, seed=4)
+    sampler = TaskSampler(tasks, seed=4, stratify="scenario")
+    first_pass = [t.id for t in sampler.draw(12)]
+    assert sorted(first_pass) == sorted(t.id for t in tasks)  # still each task once a pass
+    assert sorted(first_pass) == sorted(t.id for t in uniform.draw(12))
+    for start in (0, 3):  # while all three scenarios have tasks left, 3 draws cover all three
+        assert {i.split("_")[0] for i in first_pass[start : start + 3]} == {"a", "b", "c"}
+    assert [t.id for t in TaskSampler(tasks, seed=4, stratify="scenario").draw(12)] == first_pass
