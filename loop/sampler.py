@@ -13,17 +13,18 @@ sampling). The skips are counted by kind (`solved`: every rollout succeeded; `st
 rollout had the same reward short of success). At 1.0 (the default) draws are the paper's.
 
 `stratify="scenario"` interleaves each pass's order by scenario (a shuffled round-robin over
-the scenarios, each scenario's tasks in shuffled order), so any N consecutive draws cover
-min(N, scenarios) scenarios evenly. With few tasks an iteration and tasks that are variants of
-a few scenarios, uniform draws can fill an iteration with one scenario, and the update then
-teaches that scenario's moves to every task. Off (None) by default: the paper's draws.
+the scenarios, each scenario's tasks in shuffled order): while every scenario has tasks left in
+the pass, any N consecutive draws cover min(N, scenarios) scenarios. With few tasks an
+iteration and tasks that are variants of a few scenarios, uniform draws can fill an iteration
+with one scenario, and the update then teaches that scenario's moves to every task. Off (None)
+by default: the paper's draws.
 """
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 Signal = Literal["signal", "solved", "stuck"]
@@ -118,7 +119,7 @@ class TaskSampler:
         return interleave(order, key=lambda task: task.scenario_id)
 
 
-def interleave(order: Sequence[Any], key: Any) -> list[Any]:
+def interleave(order: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
     """`order` regrouped round-robin by `key`: the groups in order of first appearance, each
     group's items in their order (so a shuffled `order` gives a shuffled round-robin)."""
     groups: dict[Any, list[Any]] = defaultdict(list)

@@ -18,7 +18,7 @@ samples from the current learner weights (LoRA included).
    `SHARE_FRACTION` of it; otherwise it views that entry and its few own tokens (the task) go
    to its row. So the rollouts of many tasks view one entry, whose keys each decode step reads
    once for all of them (1.3x the tokens/s of one entry per task at 72 rows over 36 tasks,
-   benchmarks/bench_rollout_speed.py).
+   benchmarks/bench_prefix_sharing.py).
 4. Stale keys are never used: before each step the worker compares a fingerprint of the weights
    (every parameter's storage and in-place version counter, which optimizer steps and
    `load_adapter` bump) with the last one; on a change it drops the store and recomputes the
