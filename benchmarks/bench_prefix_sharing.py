@@ -7,10 +7,10 @@ then a few ids of the task), decoded together at temperature 1 with SmolLM2-135M
 adapter, as an evaluation of 36 tasks x 2 rollouts does. Printed per setting: generated tokens/s,
 and the ratio to "one entry per task" on one thread, all measured in this one run:
 
-- one entry per task: every first-turn prompt becomes a prefix entry (`SHARE_FRACTION` 1.0, the
-  rule before), so each decode step runs the prefix attention once per entry in the batch;
-- shared: a prompt an entry covers for half its length views it (`SHARE_FRACTION` 0.5), so the
-  step reads one entry for all rows; each row prefills its task's own ids.
+- one entry per task: every first-turn prompt becomes a prefix entry (`share_fraction` 1.0,
+  the rule before), so each decode step runs the prefix attention once per entry in the batch;
+- shared: a prompt an entry covers for half its length views it (`share_fraction` 0.5, the
+  default), so the step reads one entry for all rows; each row prefills its task's own ids.
 
 Each on 1 and 2 torch threads (`generator.torch_threads`).
 """
@@ -29,8 +29,12 @@ from loop.generators.base import SamplingParams
 from loop.policy import LoraSettings, load_policy
 
 
-async def tokens_per_s(policy, prompts: list[list[int]], threads: int, new_tokens: int) -> float:
-    generator = hf.HFGenerator(policy, max_batch_size=len(prompts), torch_threads=threads)
+async def tokens_per_s(
+    policy, prompts: list[list[int]], threads: int, new_tokens: int, share_fraction: float
+) -> float:
+    generator = hf.HFGenerator(
+        policy, max_batch_size=len(prompts), torch_threads=threads, share_fraction=share_fraction
+    )
     try:
         await generator.generate(prompts[0][:-3], SamplingParams(max_new_tokens=1))  # warm up
         params = [
@@ -63,8 +67,7 @@ def main() -> None:
     baseline = None
     for name, fraction in (("one entry per task", 1.0), ("shared", 0.5)):
         for threads in (1, 2):
-            hf.SHARE_FRACTION = fraction
-            rate = asyncio.run(tokens_per_s(policy, prompts, threads, args.new_tokens))
+            rate = asyncio.run(tokens_per_s(policy, prompts, threads, args.new_tokens, fraction))
             baseline = baseline or rate
             print(f"  {name:20s} {threads} thread(s): {rate:7.1f} tokens/s  {rate / baseline:.2f}x",
                   flush=True)  # fmt: skip

@@ -97,6 +97,7 @@ class HFGenerator:
         kv_cache_mb: float = 1024,
         torch_threads: int | None = None,
         batch_wait_s: float = 0.01,
+        share_fraction: float = SHARE_FRACTION,
     ):
         if max_batch_size < 1 or batch_wait_s < 0 or kv_cache_mb < 0 or (torch_threads or 1) < 1:
             raise ValueError(
@@ -107,6 +108,7 @@ class HFGenerator:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s  # the static path: how long a batch waits for more
+        self.share_fraction = share_fraction  # 1.0: every first-turn prompt its own entry
         self.torch_threads = torch_threads  # torch's CPU threads while sampling (None: as is)
         self.batches_run = 0  # forward batches: prefills and decode steps
         self.requests_served = 0
@@ -278,7 +280,7 @@ class HFGenerator:
         """Give a request a row: reuse what the store has, prefill the rest, sample a token.
 
         A prompt that extends no retained cache (a rollout's first turn) and that no entry
-        covers for `SHARE_FRACTION` of its length becomes a prefix entry, so later prompts can
+        covers for `share_fraction` of its length becomes a prefix entry, so later prompts can
         view it; it is prefilled outside the row slots.
         """
         assert self.engine is not None
@@ -289,7 +291,7 @@ class HFGenerator:
         shared = (
             not match.from_retained
             and match.reused < len(prompt) - 1
-            and match.reused < SHARE_FRACTION * len(prompt)
+            and match.reused < self.share_fraction * len(prompt)
         )
         try:
             if shared:
