@@ -3,15 +3,23 @@
     python -m pytest tests/loop/test_golden_curve.py -q          (about 10 s on 2 cores)
 
 A change that should not alter numerics (a refactor, a move, a rename) must reproduce these
-values: `loss/policy` and `rollout/reward_mean` of every iteration, and the learner/sampler
-parity statistics `recompute/*`. The run is tests/loop/synthetic.py's (tiny Llama, hf
-generator, real agent loop, LOO advantages, clipped PPO) with a generator batch of one, which
-makes it bit-for-bit reproducible on one machine and independent of torch's thread count.
-The numbers were recorded on x86-64 CPU with torch 2.x in float32; a different CPU family or a
-torch upgrade may move the last digits of `recompute/*` (they are float noise of about 1e-6).
+values. The run is tests/loop/synthetic.py's (tiny Llama, hf generator, real agent loop, LOO
+advantages, clipped PPO) with a generator batch of one, which makes it bit-for-bit
+reproducible on one machine and independent of torch's thread count. Across machines only
+some numbers are exact, so each kind is held to what it can promise:
+- exact (==): `rollout/reward_mean` (fractions of tests passed: which tokens were sampled, and
+  so every turn of every rollout, must be the same) and `recompute/tokens` (a count);
+- `loss/policy` within LOSS_ABS (absolute): the loss is a sum of products of float32
+  log-prob differences, so another CPU's kernels move its last digits (seen: 6.8e-8 between
+  an Intel and an AMD EPYC machine, on losses of about 2e-3); a wrong mask, advantage or clip
+  moves it by 1e-4 or more;
+- the learner/sampler parity statistics `recompute/*` are float noise (about 1e-6 to 2e-5,
+  different on each CPU model), so they are held to PARITY_BOUNDS, absolute: what a correct
+  recompute cannot exceed in float32 on this model, far below what a real mismatch (another
+  temperature, a shifted position, a stale weight) produces (1e-2 and more).
 Record new values only for a change that is meant to alter the numerics, and say so. Last
-recorded: the hf generator's prompts of several tasks view one prefix entry (the sampler's
-float noise moved by up to 2e-6; losses and rewards unchanged to the last bit).
+recorded: the hf generator's prompts of several tasks view one prefix entry (losses and
+rewards unchanged to the last bit on the recording machine).
 """
 
 from __future__ import annotations
@@ -65,11 +73,40 @@ GOLDEN: list[dict[str, float]] = [
 ]
 
 
+LOSS_ABS = 1e-6
+# recompute/* statistic -> the largest float-noise value a correct recompute may show
+PARITY_BOUNDS = {
+    "recompute/abs_logprob_diff_max": 1e-4,
+    "recompute/abs_logprob_diff_mean": 1e-5,
+    "recompute/abs_prob_diff_max": 2e-5,
+    "recompute/abs_prob_diff_mean": 5e-6,
+    "recompute/abs_prob_diff_p95": 1e-5,
+    "recompute/abs_prob_diff_p99": 2e-5,
+    "recompute/ratio_max": 1e-4,  # |ratio - 1|
+    "recompute/ratio_min": 1e-4,
+}
+EXACT = ("rollout/reward_mean", "recompute/tokens")
+
+
 def test_the_synthetic_run_reproduces_the_golden_curve(tmp_path: Path) -> None:
     records = run_synthetic(tmp_path, 3, max_batch_size=1)
     assert [r["iteration"] for r in records] == [0, 1, 2]
     for iteration, (record, golden) in enumerate(zip(records, GOLDEN, strict=True)):
-        recorded = {k: v for k, v in record.items() if k.startswith("recompute/")}
-        assert sorted(recorded) == sorted(k for k in golden if k.startswith("recompute/"))
-        for key, value in golden.items():
-            assert record[key] == pytest.approx(value, rel=1e-6, abs=1e-12), (iteration, key)
+        recorded = sorted(k for k in record if k.startswith("recompute/"))
+        assert recorded == sorted(k for k in golden if k.startswith("recompute/"))
+        assert sorted(golden) == sorted([*EXACT, "loss/policy", *PARITY_BOUNDS])
+        for key in EXACT:
+            assert record[key] == golden[key], (iteration, key, record[key])
+        assert record["loss/policy"] == pytest.approx(golden["loss/policy"], rel=0, abs=LOSS_ABS)
+        for key, bound in PARITY_BOUNDS.items():
+            noise = abs(record[key] - 1) if key.startswith("recompute/ratio") else record[key]
+            assert 0 <= noise <= bound, (iteration, key, record[key])
+
+
+def test_the_parity_bounds_hold_the_recorded_noise_with_room() -> None:
+    """The bounds are not so tight that another CPU's noise trips them: at least 4x what was
+    recorded, and at most 100x, so a real mismatch cannot hide under them."""
+    for golden in GOLDEN:
+        for key, bound in PARITY_BOUNDS.items():
+            noise = abs(golden[key] - 1) if key.startswith("recompute/ratio") else golden[key]
+            assert 4 * noise <= bound <= 100 * max(noise, 1e-7), (key, noise, bound)
