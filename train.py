@@ -40,7 +40,7 @@ def run(config_path: Path, overrides: list[str]) -> int:
     from loop.build import build_training
     from loop.checks import check_run
     from loop.config import ConfigError, load_config
-    from loop.distributed import launched_world_size
+    from loop.model.distributed import launched_world_size
     from loop.trainer import train
 
     try:

@@ -19,11 +19,11 @@ import asyncio
 import time
 from typing import Any
 
-from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generation, Generator, SamplingParams
-from loop.models import resolve_model
-from loop.prompt import worked_example
+from loop.model.aliases import resolve_model
+from loop.rollout.agent import run_episode
+from loop.rollout.prompt import worked_example
 from sandbox import KernelPool
 from tasks import get_suite
 
@@ -32,6 +32,7 @@ class Replay:
     """Replays gold-solution cells as assistant turns, to grow real multi-turn prefixes."""
 
     name = "replay"
+    shares_weights = False
 
     def __init__(self, tokenizer: Any, cells: list[str]) -> None:
         self.tokenizer, self.cells, self.turn = tokenizer, cells, 0
@@ -108,7 +109,7 @@ def main() -> None:
 
     from loop.generators.hf import HFGenerator
     from loop.generators.vllm import VLLMGenerator
-    from loop.policy import load_policy
+    from loop.model.policy import load_policy
 
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loop.inspect.cli import main as inspect_main
-from loop.inspect.load import find_sources
+from loop.run.records import find_sources
 
 TASKS = 40
 

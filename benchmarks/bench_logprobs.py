@@ -3,7 +3,7 @@
     python benchmarks/bench_logprobs.py [--tokens 4096 8192 16384] [--layers 2] [--full-ft]
         [--methods naive chunked body] [--threads 1] [--repeats 1]
 
-`loop.logprobs.token_logprobs` ("chunked": LM head, log-softmax and gather over chunks of
+`loop.learner.logprobs.token_logprobs` ("chunked": LM head, log-softmax and gather over chunks of
 `--chunk-size` positions, each chunk recomputed in the backward pass) against
 `token_logprobs_naive` ("naive": the model's full (1, T, V) logits, then log-softmax and
 gather), on the real SmolLM2-135M (vocabulary 49,152, float32, CPU) with a LoRA adapter (r 16,
@@ -60,8 +60,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from loop.logprobs import token_logprobs, token_logprobs_naive
-    from loop.policy import LoraSettings, load_policy
+    from loop.learner.logprobs import token_logprobs, token_logprobs_naive
+    from loop.model.policy import LoraSettings, load_policy
 
     torch.manual_seed(0)
     policy = load_policy(MODEL, lora=None if args.full_ft else LoraSettings(rank=16))

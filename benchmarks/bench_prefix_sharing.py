@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script
 from loop.generators import hf
 from loop.generators.base import SamplingParams
-from loop.policy import LoraSettings, load_policy
+from loop.model.policy import LoraSettings, load_policy
 
 
 async def tokens_per_s(

@@ -35,11 +35,11 @@ import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # as a script
 from benchmarks.bench_generators import Replay
-from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generator, GeneratorError, SamplingParams
-from loop.models import resolve_model
-from loop.prompt import worked_example
+from loop.model.aliases import resolve_model
+from loop.rollout.agent import run_episode
+from loop.rollout.prompt import worked_example
 from sandbox import KernelPool
 from tasks import get_suite
 
@@ -110,7 +110,7 @@ async def iteration(
 
 def make_generator(name: str, path: str, rows: int) -> Generator:
     from loop.generators.hf import HFGenerator
-    from loop.policy import LoraSettings, load_policy
+    from loop.model.policy import LoraSettings, load_policy
 
     if name == "vllm":
         from loop.generators.vllm import VLLMGenerator
@@ -146,8 +146,8 @@ def flop_per_token(path: str, context: int) -> float:
 
 def learner_step_seconds(path: str, dtype: str, rollouts: list[list[int]]) -> float:
     """One forward+backward of `rollouts` through the learner's chunked log-probs."""
-    from loop.logprobs import token_logprobs
-    from loop.policy import LoraSettings, load_policy
+    from loop.learner.logprobs import token_logprobs
+    from loop.model.policy import LoraSettings, load_policy
 
     policy = load_policy(path, dtype=dtype, lora=LoraSettings(), gradient_checkpointing=True)
     policy.model.train()

@@ -2,8 +2,8 @@
 
     python benchmarks/bench_value_head.py [--tokens 4096] [--layers 30] [--threads 2]
 
-The learned-critic methods (`train.advantage: gae | verlog`, loop/critic.py) put a 3-layer MLP
-on the policy's last hidden state and compute its values in the same forward pass as the
+The learned-critic methods (`train.advantage: gae | verlog`, loop/learner/critic.py) put a 3-layer
+MLP on the policy's last hidden state and compute its values in the same forward pass as the
 log-probs, chunked like them. This measures one learner step's forward and backward (the
 learner's own `stress_test`: one rollout of `--tokens` tokens, the last 90% trained, with the
 loss the run would use) on the real SmolLM2-135M (float32, CPU, LoRA r16 on all linear layers,
@@ -76,7 +76,7 @@ class LiveTensors(TorchDispatchMode):
 def build(advantage: str, layers: int) -> tuple[Any, Any]:
     """The policy (first `layers` decoder layers) and its learner for `advantage`."""
     from loop.config import load_config
-    from loop.policy import LoraSettings, load_policy
+    from loop.model.policy import LoraSettings, load_policy
     from loop.trainer import build_learner
 
     torch.manual_seed(0)
@@ -100,9 +100,9 @@ def step_peak(advantage: str, tokens: int, layers: int) -> tuple[float, float]:
 
 def value_head_part(tokens: int, layers: int) -> dict[str, Any]:
     """Every tensor the value head's forward, loss and backward create on real hidden states."""
-    from loop.batch import Sample
-    from loop.logprobs import values_from_hidden
-    from loop.losses import clipped_value_loss
+    from loop.algo.losses import clipped_value_loss
+    from loop.learner.batch import Sample
+    from loop.learner.logprobs import values_from_hidden
 
     policy, learner = build("gae", layers)
     vocab = int(policy.model.config.vocab_size)

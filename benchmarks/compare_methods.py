@@ -108,9 +108,9 @@ def run_synthetic(row: str, seed: int, iterations: int | None, out: Path) -> lis
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from loop.build import TrainParts
     from loop.config import load_config
     from loop.generators.hf import HFGenerator
+    from loop.parts import TrainParts
     from loop.trainer import train
     from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy
     from tests.loop.test_trainer import SYNTHETIC

@@ -17,22 +17,11 @@ from typing import Any
 
 from loop.config import ConfigError, RunConfig
 from loop.generators.base import Generator, GeneratorError
-from loop.models import resolve_model
-from loop.policy import Policy
-from loop.rollout import SandboxPool
+from loop.model.aliases import resolve_model
+from loop.model.policy import LoraSettings, Policy
+from loop.parts import TrainParts
 from sandbox import KernelPool, Limits
 from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
-
-
-@dataclass
-class TrainParts:
-    """What the trainer runs on (`loop.trainer.Parts`), built by `build_training` or a test."""
-
-    policy: Policy  # the one model copy the learner trains
-    generator: Generator
-    tokenizer: Any
-    suite: TaskSuite
-    pool: SandboxPool  # entered: sandboxes for the rollouts
 
 
 @dataclass
@@ -112,7 +101,7 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
     backend = config.generator.backend
     _set_torch_threads(config)
     if backend == "hf":
-        from loop.policy import load_policy
+        from loop.model.policy import load_policy
 
         policy = load_policy(
             config.model.name,
@@ -151,8 +140,8 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
     import torch
 
-    from loop import distributed
-    from loop.policy import LoraSettings, load_policy
+    from loop.model import distributed
+    from loop.model.policy import LoraSettings, load_policy
 
     distributed.init_from_env()  # under torchrun / accelerate launch; before the model loads
     _set_torch_threads(config)
@@ -194,14 +183,14 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         distributed.shutdown()
 
 
-def _training_generator(config: RunConfig, policy: Any, lora: Any) -> Generator:
+def _training_generator(config: RunConfig, policy: Policy, lora: LoraSettings | None) -> Generator:
     """hf or vllm (`loop.checks.check_run` refused openai before anything was built)."""
     if config.generator.backend == "hf":
         return _hf_generator(config, policy)
     return _vllm_generator(config, enable_lora=lora is not None)
 
 
-def _hf_generator(config: RunConfig, policy: Any) -> Generator:
+def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
     from loop.generators.hf import HFGenerator
 
     settings = config.generator
@@ -242,6 +231,7 @@ class _IdleGenerator:
     """The generator of a learner process other than rank 0, which never samples."""
 
     name = "idle"
+    shares_weights = False
 
     async def generate(self, *args: Any, **kwargs: Any) -> Any:
         raise GeneratorError("only the rank-0 process samples rollouts")
@@ -253,7 +243,7 @@ class _IdleGenerator:
         """Nothing to release."""
 
 
-def _close(generator: Any) -> None:
+def _close(generator: Generator) -> None:
     """Close a generator from synchronous code (its own event loop may be gone)."""
     import asyncio
 

@@ -6,6 +6,7 @@ processes and the sampler need to agree on). Each raises a one-line `ConfigError
 from __future__ import annotations
 
 from loop.config_types import CRITIC_ADVANTAGES, ConfigError, RunConfig, TrainConfig
+from tasks import GoldSolutions, suite_class
 
 
 def check_run(config: RunConfig, world_size: int) -> None:
@@ -33,6 +34,17 @@ def check_run(config: RunConfig, world_size: int) -> None:
         raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
     if world_size > 1 and config.agent.memory_turns is not None:
         raise ConfigError("agent.memory_turns: one learner process only")
+    suite = suite_class(config.suite)
+    if config.warm_start.source == "gold" and not issubclass(suite, GoldSolutions):
+        raise ConfigError(
+            f"warm_start.source gold needs a suite with gold solutions; suite {config.suite} "
+            "has none (use warm_start.source rollouts)"
+        )
+    if config.train.reward == "acted" and not suite.marks_collateral:
+        raise ConfigError(
+            f"train.reward acted needs a suite that marks its collateral test and read-only "
+            f"calls; suite {config.suite} marks none (use fraction or success)"
+        )
 
 
 def check_values(config: RunConfig) -> None:

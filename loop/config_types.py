@@ -34,7 +34,9 @@ def doc_factory(factory: Callable[[], Any], text: str) -> Any:
 class ModelConfig:
     """The policy LLM."""
 
-    name: str = doc("smollm2-135m", "a hub id, a local path, or a built-in alias (loop/models.py)")
+    name: str = doc(
+        "smollm2-135m", "a hub id, a local path, or a built-in alias (loop/model/aliases.py)"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = doc(
         "float32",
         "weights' dtype (float32 on CPU; bfloat16 on GPU)",
@@ -152,7 +154,7 @@ class TrainConfig:
     reward: Literal["fraction", "success", "acted"] = doc(
         "fraction",
         "fraction of tests passed | all passed | acted: the collateral test counts only once "
-        "the agent called complete_task or changed something (loop/credit.py)",
+        "the agent called complete_task or changed something (loop/algo/credit.py)",
     )
     advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
         "loo",
@@ -224,7 +226,8 @@ class TrainConfig:
 
 @dataclass
 class CriticConfig:
-    """The value head of `train.advantage: gae | verlog` (loop/critic.py; [P] App. C, Verlog)."""
+    """The value head of `train.advantage: gae | verlog` (loop/learner/critic.py; [P] App. C,
+    Verlog)."""
 
     hidden_sizes: list[int] = doc_factory(list, "MLP widths; []: 3/5, 2/5 of hidden")
     lr: float | None = doc(None, "AdamW of the head (None: train.lr)")

@@ -1,8 +1,8 @@
 """Demonstrations: agent episodes the policy is fine-tuned on, made by the real episode loop.
 
 A demonstration is a `Trajectory` like any rollout: the same prompt, chat glue, token ids and
-output mask, because it is played through `loop.rollout.collect_rollouts` (real sandbox, real
-environment, real grading) with a `ScriptedGenerator` standing in for the policy. Its reward is
+output mask, because it is played through `loop.rollout.collect.collect_rollouts` (real sandbox,
+real environment, real grading) with a `ScriptedGenerator` standing in for the policy. Its reward is
 the environment's own, so a demonstration that does not solve its task is visible and dropped.
 Two sources:
 
@@ -30,10 +30,11 @@ from typing import Any, Literal
 
 from loop.config import AgentConfig
 from loop.generators.scripted import Message, ScriptedGenerator
-from loop.prompt import format_assistant
-from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
-from loop.trajectory import Trajectory
-from tasks import SandboxLike, Task, TaskSuite
+from loop.generators.tokenizer import Tokenizer
+from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
+from loop.rollout.prompt import format_assistant
+from loop.rollout.trajectory import Trajectory
+from tasks import Environment, GoldSolutions, SandboxLike, Task, TaskSuite
 
 DemoStyle = Literal["episode", "paper"]
 PAPER_OBSERVATION = "Execution successful."
@@ -47,9 +48,9 @@ class DemonstrationError(ValueError):
     """Demonstrations cannot be made as configured (stated in one line)."""
 
 
-def gold_scripts(suite: Any, task: Any, style: DemoStyle = "episode") -> list[Message]:
+def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> list[Message]:
     """The assistant messages of `task`'s gold solution, thought + code per turn."""
-    if not hasattr(suite, "gold_solution"):
+    if not isinstance(suite, GoldSolutions):  # a declared Protocol (tasks/core.py)
         raise DemonstrationError(
             f"suite {suite.name} has no gold solutions: use demonstrations from rollouts files"
         )
@@ -177,7 +178,7 @@ async def play(
     *,
     suite: TaskSuite,
     pool: SandboxPool,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     settings: AgentConfig,
     example: list[dict[str, str]],
     max_concurrent: int,
@@ -192,7 +193,7 @@ async def play(
     slots = asyncio.Semaphore(max_concurrent)
     env_suite: TaskSuite = _PaperObservations(suite) if paper_observations else suite
 
-    async def one(index: int, task: Any, messages: Sequence[Message]) -> Trajectory:
+    async def one(index: int, task: Task, messages: Sequence[Message]) -> Trajectory:
         generator = ScriptedGenerator(tokenizer, messages)
         async with slots:
             [traj] = await collect_rollouts(
@@ -215,7 +216,7 @@ def demo_settings(settings: AgentConfig, scripts: Sequence[tuple[Any, Sequence[M
 
 def read_successful_rollouts(paths: Sequence[Path | str], min_reward: float) -> list[Trajectory]:
     """Rollouts whose reward reaches `min_reward`, from run dirs, eval dirs or rollouts files."""
-    from loop.inspect.load import InspectError, find_sources, read_rollouts
+    from loop.run.records import InspectError, find_sources, read_rollouts
 
     found: list[Trajectory] = []
     for path in paths:
@@ -238,6 +239,7 @@ class _PaperObservations:
         self.suite = suite
         self.name = suite.name
         self.uses_sandbox = suite.uses_sandbox
+        self.marks_collateral = suite.marks_collateral
 
     @property
     def splits(self) -> dict[str, list[Task]]:
@@ -259,7 +261,7 @@ class _PaperObservations:
 class _PaperEnv:
     """The wrapped environment, with `astep`'s observation replaced."""
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Environment) -> None:
         self.env = env
 
     def __getattr__(self, name: str) -> Any:

@@ -23,12 +23,13 @@ from tqdm import tqdm
 
 from loop.config import RunConfig
 from loop.generators.base import Generator
-from loop.metrics import compute_metrics
-from loop.prompt import prompt_example
-from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
-from loop.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
+from loop.generators.tokenizer import Tokenizer
+from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
+from loop.rollout.prompt import prompt_example
+from loop.rollout.trajectory import Trajectory
+from loop.run.metrics import compute_metrics
+from loop.run.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
 from loop.seeds import eval_seed
-from loop.trajectory import Trajectory
 from sandbox import KernelPool
 from tasks import Task, TaskSuite
 
@@ -61,7 +62,7 @@ async def run_evaluation(
     suite: TaskSuite,
     pool: SandboxPool,
     generator: Generator,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     out_dir: Path,
     show_progress: bool = True,
     split: str | None = None,
@@ -106,7 +107,12 @@ async def run_evaluation(
 
 
 def evaluate(
-    config: RunConfig, *, suite: TaskSuite, generator: Generator, tokenizer: Any, pool: KernelPool
+    config: RunConfig,
+    *,
+    suite: TaskSuite,
+    generator: Generator,
+    tokenizer: Tokenizer,
+    pool: KernelPool,
 ) -> dict[str, float]:
     """Evaluate `eval.split` with the built parts (the pool is entered and closed here, the
     generator closed), print a summary table; returns the metrics."""

@@ -9,7 +9,7 @@ Changing a formula changes every sampled token: the golden curve (tests/loop/tes
 would say so.
 
     torch.manual_seed(seed)                     the model's initialisation (LoRA, value head)
-    TaskSampler(seed=seed)                      the order tasks are drawn in (loop/sampler.py)
+    TaskSampler(seed=seed)                      the order tasks are drawn in (loop/rollout/)
     rollout_seed(seed, iteration, group, k)     training rollout k of the group-th drawn task
     eval_seed(seed, task_index, k)              evaluation rollout k of the split's task_index-th
     rft_seed(seed, pass, t_index, task_index)   warm start's rejection sampling (loop/warmstart.py)

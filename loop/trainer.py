@@ -1,11 +1,13 @@
 """The LOOP trainer: `python train.py --config configs/<name>.yaml [key=value ...]`.
 
 `train()` is the algorithm, one iteration written once as numbered steps; everything else in
-this file is a helper with one call site. train.py checks the config once
-(`loop.checks.check_run`), builds what the trainer runs on (`loop.build.build_training`, the
-`Parts` below) and calls `train()`; every seed comes from loop/seeds.py and every file of the
-run directory goes through loop/rundir.py. What "LOOP" means here, relative to the paper
-(Chen et al. 2025, arXiv 2502.01600, [P]) and its reference code (apple/ml-loop, [C]):
+this file is a step's helper (one call site each, except the weight sync and the evaluation,
+which also run on resume, after the warm start and after the last iteration). train.py checks
+the config once (`loop.checks.check_run`), builds what the trainer runs on
+(`loop.build.build_training`, a `loop.parts.TrainParts`) and calls `train()`; every seed comes
+from loop/seeds.py and every file of the run directory goes through loop/run/rundir.py.
+What "LOOP" means here, relative to the paper (Chen et al. 2025, arXiv 2502.01600, [P]) and
+its reference code (apple/ml-loop, [C]):
 
 - Rollouts: K i.i.d. rollouts per task at temperature 1 with the current weights, token in and
   token out ([P] section 4.1, [C]); tasks drawn without replacement from a seeded sampler,
@@ -14,12 +16,12 @@ run directory goes through loop/rundir.py. What "LOOP" means here, relative to t
   every task has `min_rollouts_per_task`; the rest are cancelled and discarded ([P] App. D, [C]).
 - Reward: the fraction of the task's unit tests passed ([P], [C]); `reward: success` trains on
   the binary outcome, `reward: acted` counts the collateral test only once the agent acted
-  (loop/credit.py; logged as `rollout/train_reward_mean`). No other shaping: no penalty for
+  (loop/algo/credit.py; logged as `rollout/train_reward_mean`). No other shaping: no penalty for
   missing code or failed execution ([C]'s penalties default to 0).
 - Advantage: leave-one-out, A_i = R_i - mean_{j != i} R_j over the group's survivors, not
   normalised ([P] Eq. 3, [C] default). Options: `normalize_advantage` (LOOP RwNorm), `grpo`
   (group mean/std), `turn` (MT-GRPO turn-level credit), `reinforce` (no baseline), `gae` /
-  `verlog` (GAE / dual-discount GAE from a value head, loop/critic.py). Rollouts that
+  `verlog` (GAE / dual-discount GAE from a value head, loop/learner/critic.py). Rollouts that
   failed for an infrastructure reason are excluded and the group is re-baselined over the
   survivors; a group with fewer than 2 is dropped; both are counted (our addition: [C] has no
   infrastructure statuses).
@@ -68,45 +70,36 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from loop import checkpoint, distributed
-from loop.batch import Sample, make_samples
+from loop.algo.credit import Credit, assign_credit, rollout_reward
 from loop.config import ConfigError, RunConfig, TrainConfig
-from loop.credit import Credit, assign_credit, rollout_reward
-from loop.critic import assign_gae, build_critic
 from loop.evaluation import run_evaluation
-from loop.generators.base import Generator
-from loop.learner import Learner, LearnStats
-from loop.metrics import infra_failure_problem, rollout_metrics
-from loop.policy import Policy
-from loop.prompt import prompt_example
-from loop.report import learning_report
-from loop.rollout import RolloutJob, SandboxPool, collect_rollouts
-from loop.rundir import RunDir, write_config
-from loop.runlog import RunLog, summary_line, write_rollouts
-from loop.sampler import TaskSampler, group_signal
+from loop.generators import sync
+from loop.learner.batch import Sample, learner_logprobs, make_samples
+from loop.learner.critic import assign_gae, build_critic
+from loop.learner.learner import Learner, LearnStats
+from loop.model import checkpoint, distributed
+from loop.model.policy import Policy
+from loop.parts import TrainParts
+from loop.rollout.collect import RolloutJob, collect_rollouts
+from loop.rollout.prompt import prompt_example
+from loop.rollout.task_sampler import TaskSampler, group_signal
+from loop.rollout.trajectory import Trajectory
+from loop.run.metrics import infra_failure_problem, rollout_metrics
+from loop.run.report import learning_report
+from loop.run.rundir import RunDir, write_config
+from loop.run.runlog import RunLog, summary_line, write_rollouts
 from loop.seeds import minibatch_seed, rollout_seed, shuffle_seed
-from loop.trajectory import Trajectory
 from loop.warmstart import load_init_adapter, warm_start
 from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
 
 
-class Parts(Protocol):
-    """What `train()` runs on: `loop.build.TrainParts`, built from the config (or by a test)."""
-
-    policy: Policy  # the one model copy the learner trains
-    generator: Generator
-    tokenizer: Any
-    suite: TaskSuite
-    pool: SandboxPool  # entered: sandboxes for the rollouts
-
-
-def train(config: RunConfig, parts: Parts, *, show_progress: bool = True) -> dict[str, float]:
+def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -> dict[str, float]:
     """Run LOOP for `config.train.iterations` (resuming if the run has a checkpoint).
 
     The config is checked for training once, by the caller, before anything is built:
@@ -121,7 +114,7 @@ def train(config: RunConfig, parts: Parts, *, show_progress: bool = True) -> dic
     return asyncio.run(run())
 
 
-async def _train(config: RunConfig, parts: Parts, show_progress: bool) -> dict[str, float]:
+async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> dict[str, float]:
     cfg, run_dir = config.train, config.run_dir
     sampler = TaskSampler(
         training_tasks(parts.suite, cfg), seed=config.seed,
@@ -138,9 +131,8 @@ async def _train(config: RunConfig, parts: Parts, show_progress: bool) -> dict[s
     metrics = await prepare_policy(config, parts, show_progress) if start == 0 else {}
     for iteration in range(start, cfg.iterations):
         started = time.monotonic()
-        metrics = {"horizon/max_turns": horizon(iteration, cfg, config.agent.max_turns)} | (
-            metrics if iteration == 0 else {}
-        )
+        max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
+        metrics = {"horizon/max_turns": max_turns} | (metrics if iteration == 0 else {})
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
         if cfg.eval_every and iteration % cfg.eval_every == 0:
             metrics |= await evaluate_during_training(config, parts, iteration, show_progress)
@@ -148,7 +140,9 @@ async def _train(config: RunConfig, parts: Parts, show_progress: bool) -> dict[s
         tasks = sampler.draw(cfg.tasks_per_iteration)
         # 2. K rollouts per task, concurrently, until the straggler cut-off.
         t_rollout = time.monotonic()
-        groups, discarded = await roll_out(config, parts, tasks, iteration, show_progress)
+        groups, discarded = await roll_out(
+            config, parts, tasks, iteration, max_turns, show_progress
+        )
         metrics["time/rollout_s"] = time.monotonic() - t_rollout
         # 3. Advantages over each task's group; drop rollouts with |A| below the threshold.
         credit = assign_credit(
@@ -194,7 +188,9 @@ async def _train(config: RunConfig, parts: Parts, show_progress: bool) -> dict[s
     return metrics
 
 
-async def prepare_policy(config: RunConfig, parts: Parts, show_progress: bool) -> dict[str, float]:
+async def prepare_policy(
+    config: RunConfig, parts: TrainParts, show_progress: bool
+) -> dict[str, float]:
     """Step W: load `model.init_adapter`, then run (or load) the configured warm start."""
     if config.model.init_adapter is not None:
         load_init_adapter(config, parts.policy)
@@ -289,7 +285,7 @@ def stress_test(learner: Learner, seq_len: int) -> None:
 
 
 async def evaluate_during_training(
-    config: RunConfig, parts: Parts, iteration: int, show_progress: bool
+    config: RunConfig, parts: TrainParts, iteration: int, show_progress: bool
 ) -> dict[str, float]:
     """evaluate.py's evaluation of eval.split (`eval/*`) and of each of eval.more_splits
     (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/."""
@@ -310,9 +306,11 @@ async def evaluate_during_training(
 
 
 async def roll_out(
-    config: RunConfig, parts: Parts, tasks: list[Task], iteration: int, show_progress: bool
-) -> tuple[list[list[Trajectory]], int]:
-    """K rollouts per task with the straggler cut-off; returns the groups and the discarded."""
+    config: RunConfig, parts: TrainParts, tasks: list[Task], iteration: int, max_turns: int,
+    show_progress: bool,
+) -> tuple[list[list[Trajectory]], int]:  # fmt: skip
+    """K rollouts per task of at most `max_turns` turns, with the straggler cut-off; returns
+    the groups and the number discarded."""
     cfg = config.train
     if not distributed.is_main():
         return [], 0
@@ -334,9 +332,7 @@ async def roll_out(
             counts[traj.task_id] += 1
         return len(done) >= need_total and all(counts[t] >= n for t, n in need_each.items())
 
-    settings = dataclasses.replace(
-        config.agent, max_turns=horizon(iteration, cfg, config.agent.max_turns)
-    )
+    settings = dataclasses.replace(config.agent, max_turns=max_turns)
     progress = _progress(len(jobs), f"iter {iteration} rollouts", show_progress)
     done = await collect_rollouts(
         jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
@@ -414,11 +410,9 @@ def learn(
         progress.close()
 
 
-def sync_weights(parts: Parts, run_dir: Path, iteration: int) -> None:
+def sync_weights(parts: TrainParts, run_dir: Path, iteration: int) -> None:
     """Hand the new weights to the generator (the hf generator already samples from them)."""
-    checkpoint.publish_weights(
-        parts.policy, parts.generator, RunDir(run_dir).adapter_sync(iteration + 1)
-    )
+    sync.publish_weights(parts.policy, parts.generator, RunDir(run_dir).adapter_sync(iteration + 1))
 
 
 def throughput(
@@ -444,7 +438,8 @@ def record_iteration(
     if config.train.save_rollouts:
         path = RunDir(config.run_dir).rollouts(iteration)
         flat = [traj for group in groups for traj in group]
-        write_rollouts(path, flat, iteration, config.train.split, credit, kept, samples)
+        recomputed = learner_logprobs(samples, [len(traj.tokens) for traj in flat])
+        write_rollouts(path, flat, iteration, config.train.split, credit, kept, recomputed)
 
 
 def save(

@@ -39,8 +39,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loop import checkpoint
-from loop.batch import Sample, make_sample
 from loop.config import ConfigError, RunConfig
 from loop.demos import (
     DemonstrationError,
@@ -51,20 +49,25 @@ from loop.demos import (
     read_successful_rollouts,
 )
 from loop.evaluation import run_evaluation
+from loop.generators import sync
 from loop.generators.scripted import Message
-from loop.learner import Learner
-from loop.models import default_cache_dir
-from loop.prompt import prompt_example
-from loop.rollout import RolloutJob, collect_rollouts
+from loop.learner.batch import Sample, make_sample
+from loop.learner.learner import Learner
+from loop.model import checkpoint
+from loop.model.aliases import default_cache_dir
+from loop.model.policy import Policy
+from loop.parts import TrainParts
+from loop.rollout.collect import RolloutJob, collect_rollouts
+from loop.rollout.prompt import prompt_example
+from loop.rollout.trajectory import Trajectory
 from loop.seeds import minibatch_seed, rft_seed
-from loop.trajectory import Trajectory
 
 ADAPTER = "adapter"
 INFO = "info.json"
 
 
 async def warm_start(
-    config: RunConfig, parts: Any, *, show_progress: bool = True
+    config: RunConfig, parts: TrainParts, *, show_progress: bool = True
 ) -> dict[str, float]:
     """Fine-tune `parts.policy` as configured, or load the cached result; `warm_start/*` metrics."""
     started = time.monotonic()
@@ -80,7 +83,7 @@ async def warm_start(
     if cached is not None:
         checkpoint.load_weights(parts.policy.model, cached)
         _publish(cached / ADAPTER, out / ADAPTER)
-        checkpoint.serve_adapter(parts.generator, out / ADAPTER)
+        sync.serve_adapter(parts.generator, out / ADAPTER)
         info = json.loads((cached / INFO).read_text())
         print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
         metrics = {f"warm_start/{k}": v for k, v in info["metrics"].items()}
@@ -88,7 +91,7 @@ async def warm_start(
     assert key is not None
     metrics = await fine_tune(config, parts, demos, out, show_progress)
     checkpoint.save_weights(parts.policy.model, out / ADAPTER)
-    checkpoint.serve_adapter(parts.generator, out / ADAPTER)
+    sync.serve_adapter(parts.generator, out / ADAPTER)
     summary = (
         f"{len(demos)} demonstrations ({warm.source}), {warm.epochs} epochs: loss "
         f"{metrics['loss_first_epoch']:.3f} -> {metrics['loss_last_epoch']:.3f}, "
@@ -111,7 +114,9 @@ async def warm_start(
     }
 
 
-async def demonstrations(config: RunConfig, parts: Any, show_progress: bool) -> list[Trajectory]:
+async def demonstrations(
+    config: RunConfig, parts: TrainParts, show_progress: bool
+) -> list[Trajectory]:
     """The configured demonstrations, each a graded trajectory that reached `min_reward`."""
     warm = config.warm_start
     example = prompt_example(parts.suite, config.agent.worked_example)
@@ -151,7 +156,7 @@ async def demonstrations(config: RunConfig, parts: Any, show_progress: bool) -> 
 
 
 async def rejection_sample(
-    config: RunConfig, parts: Any, example: list[dict[str, str]], show_progress: bool
+    config: RunConfig, parts: TrainParts, example: list[dict[str, str]], show_progress: bool
 ) -> list[Trajectory]:
     """RFT's data: the starting policy over the temperature ladder, the successes kept."""
     warm = config.warm_start
@@ -184,7 +189,7 @@ async def rejection_sample(
 
 
 async def fine_tune(
-    config: RunConfig, parts: Any, demos: list[Trajectory], out: Path, show_progress: bool
+    config: RunConfig, parts: TrainParts, demos: list[Trajectory], out: Path, show_progress: bool
 ) -> dict[str, float]:
     """Epochs of cross-entropy steps on `demos` (resuming from the last epoch's checkpoint)."""
     warm = config.warm_start
@@ -221,7 +226,7 @@ async def fine_tune(
             progress.close()
         history["loss"].append(stats.metrics()["loss/policy"])
         if warm.select == "dev":
-            checkpoint.publish_weights(parts.policy, parts.generator, out / "adapter-sync")
+            sync.publish_weights(parts.policy, parts.generator, out / "adapter-sync")
             scores = await run_evaluation(
                 config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
                 tokenizer=parts.tokenizer, out_dir=out / "eval" / f"epoch-{epoch + 1}",
@@ -261,7 +266,7 @@ def cache_key(config: RunConfig, demos: list[Trajectory] | None) -> str:
     return digest.hexdigest()[:20]
 
 
-def load_init_adapter(config: RunConfig, policy: Any) -> None:
+def load_init_adapter(config: RunConfig, policy: Policy) -> None:
     """`model.init_adapter`: start from a PEFT adapter directory (or a checkpoint holding one)."""
     path = Path(str(config.model.init_adapter)).expanduser()
     adapter = path if (path / checkpoint.ADAPTER_FILE).is_file() else path / "adapter"
@@ -287,7 +292,7 @@ def _settings(config: RunConfig) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _tasks(config: RunConfig, parts: Any) -> list[Any]:
+def _tasks(config: RunConfig, parts: TrainParts) -> list[Any]:
     warm = config.warm_start
     tasks = [
         t

@@ -19,6 +19,7 @@ from tasks.core import (
     ApiCall,
     Environment,
     EnvironmentFailureError,
+    GoldSolutions,
     SandboxLike,
     SuiteSetupError,
     Task,
@@ -28,7 +29,7 @@ from tasks.core import (
     format_assistant,
     format_observation,
 )
-from tasks.registry import SUITES, RunSettings, get_suite, suite_for_run
+from tasks.registry import SUITES, RunSettings, get_suite, suite_class, suite_for_run
 
 __all__ = [
     "EXAMPLE_TASK",
@@ -37,6 +38,7 @@ __all__ = [
     "ApiCall",
     "Environment",
     "EnvironmentFailureError",
+    "GoldSolutions",
     "RunSettings",
     "SandboxLike",
     "SuiteSetupError",
@@ -47,5 +49,6 @@ __all__ = [
     "format_assistant",
     "format_observation",
     "get_suite",
+    "suite_class",
     "suite_for_run",
 ]

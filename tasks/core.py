@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test_normal", "test_challenge")
 
 # The task every suite's worked example solves (`TaskSuite.example_messages`); the agent's
-# prompt (loop/prompt.py) states it before the example's turns.
+# prompt (loop/rollout/prompt.py) states it before the example's turns.
 EXAMPLE_TASK = "What is the email address of my manager?"
 
 
@@ -57,6 +57,9 @@ class TestResult:
     requirement: str
     passed: bool
     message: str = ""  # empty when passed
+    # True for a test that checks nothing else changed: it passes for an agent that does
+    # nothing, so `reward: acted` counts it only once the agent acted (loop/algo/credit.py)
+    collateral: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class ApiCall:
     ok: bool
     error: str | None  # "<status>: <message>" of the error the agent saw, else None
     latency_s: float  # time spent in the environment's handler (not the bridge)
+    read_only: bool = False  # the API only reads (the suite says so): calling it is not acting
 
 
 MAX_RECORDED_STRING = 500  # characters of one string argument kept in an ApiCall
@@ -219,6 +223,9 @@ class TaskSuite(Protocol):
 
     name: str
     uses_sandbox: bool  # agent code runs in our sandbox (else the suite runs it, e.g. AppWorld)
+    # Its grader marks the collateral test (`TestResult.collateral`) and its API record the
+    # read-only calls (`ApiCall.read_only`): what `reward: acted` needs (loop.checks.check_run)
+    marks_collateral: bool
 
     @property
     def splits(self) -> dict[str, list[Task]]: ...
@@ -235,4 +242,15 @@ class TaskSuite(Protocol):
         """The worked example of the prompt: alternating assistant (`format_assistant`) and
         user (`format_observation`) messages solving EXAMPLE_TASK with the suite's own APIs,
         ending with the assistant's `complete_task`."""
+        ...
+
+
+@runtime_checkable
+class GoldSolutions(Protocol):
+    """A suite that ships a reference solution for each task: what the warm start's gold
+    demonstrations play (`warm_start.source: gold`). The built-in world has them; AppWorld's
+    adapter does not."""
+
+    def gold_solution(self, task: Task) -> list[str]:
+        """The solution's code cells, in order; played as agent turns they solve `task`."""
         ...

@@ -30,15 +30,11 @@ class RunSettings:
 
 
 def _apptown(**kwargs: Any) -> TaskSuite:
-    from tasks.apptown import AppTownSuite  # imported on demand: builds nothing until called
-
-    return AppTownSuite(**kwargs)
+    return suite_class("apptown")(**kwargs)
 
 
 def _appworld(**kwargs: Any) -> TaskSuite:
-    from tasks.appworld import AppWorldSuite  # needs its own venv and data root, checked here
-
-    return AppWorldSuite(**kwargs)
+    return suite_class("appworld")(**kwargs)  # needs its own venv and data root, checked there
 
 
 def _apptown_for_run(run: RunSettings) -> TaskSuite:
@@ -61,6 +57,20 @@ FOR_RUN: dict[str, Callable[[RunSettings], TaskSuite]] = {
     "apptown": _apptown_for_run,
     "appworld": _appworld_for_run,
 }
+
+
+def suite_class(name: str) -> type[TaskSuite]:
+    """The class of the suite registered as `name`, without building it: what a config check
+    reads of a suite's declared capabilities (`marks_collateral`). Imported on demand."""
+    if name == "apptown":
+        from tasks.apptown import AppTownSuite
+
+        return AppTownSuite
+    if name == "appworld":
+        from tasks.appworld import AppWorldSuite
+
+        return AppWorldSuite
+    raise KeyError(f"unknown task suite {name!r}; known suites: {sorted(SUITES)}")
 
 
 def get_suite(name: str, **kwargs: Any) -> TaskSuite:

@@ -170,3 +170,98 @@ def test_the_split_names_are_defined_once() -> None:
         if spelled_out in p.read_text() and p != path
     ]
     assert spelled == ["tasks/core.py"]
+
+
+# Inside loop/: each role folder, and the config edge (the top-level modules every folder may
+# read), may import only what is listed here (run time, function level and TYPE_CHECKING
+# alike). The top-level loop (trainer, warmstart, demos, evaluation, build) may import anything.
+CONFIG_EDGE = {"loop.config", "loop.config_types", "loop.checks", "loop.seeds"}
+FOLDERS = ("algo", "rollout", "learner", "model", "generators", "run", "inspect")
+MAY_IMPORT: dict[str, set[str]] = {
+    "loop.config": set(),  # the config edge: config, config_types, checks, seeds
+    "loop.algo": set(),  # pure math: nothing from loop
+    "loop.model": set(),
+    "loop.rollout": {"loop.config", "loop.generators.base", "loop.generators.tokenizer"},
+    "loop.run": {"loop.rollout", "loop.algo"},
+    "loop.learner": {"loop.algo", "loop.model", "loop.rollout", "loop.config"},
+    "loop.generators": {"loop.model"},
+    # model.aliases only: a model name -> its directory, for the report's tokenizer
+    "loop.inspect": {
+        "loop.run",
+        "loop.rollout",
+        "loop.config",
+        "loop.generators",
+        "loop.model.aliases",
+    },
+}
+
+
+def loop_unit(module: str) -> str:
+    """The unit a module of loop/ belongs to: its role folder, `loop.config` for the config
+    edge, or the module itself (the top-level loop)."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in FOLDERS:
+        return ".".join(parts[:2])
+    return "loop.config" if module in CONFIG_EDGE else module
+
+
+def crossings(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, target) for every import of loop/ that leaves its unit against MAY_IMPORT."""
+    found = set()
+    for module, targets in graph.items():
+        unit = loop_unit(module)
+        if unit not in MAY_IMPORT:
+            continue  # the top-level loop
+        for target in targets:
+            if target.split(".")[0] != "loop" or loop_unit(target) == unit or target == "loop":
+                continue
+            allowed = MAY_IMPORT[unit]
+            if loop_unit(target) not in allowed and target not in allowed:
+                found.add((module, target))
+    return found
+
+
+def test_loop_folders_import_only_what_they_may() -> None:
+    """The math imports nothing from loop; rollout sees only the config and the Generator
+    Protocol; run and inspect never import learner or model (except model names); no folder
+    imports the top-level loop."""
+    assert crossings(import_graph()) == set()
+
+
+def test_the_folder_rules_catch_a_broken_rule() -> None:
+    """The check itself: a math module importing the learner, a run module importing the
+    model, and a folder importing the trainer are each reported."""
+    graph = {
+        "loop.algo.losses": {"loop.learner.batch"},
+        "loop.run.runlog": {"loop.model.policy", "loop.rollout.trajectory"},
+        "loop.rollout.agent": {"loop.trainer", "loop.config"},
+        "loop.trainer": {"loop.learner.learner"},
+    }
+    assert crossings(graph) == {
+        ("loop.algo.losses", "loop.learner.batch"),
+        ("loop.run.runlog", "loop.model.policy"),
+        ("loop.rollout.agent", "loop.trainer"),
+    }
+
+
+def test_loop_has_the_role_folders_and_few_top_level_modules() -> None:
+    folders = sorted(p.name for p in (ROOT / "loop").iterdir() if (p / "__init__.py").is_file())
+    assert folders == sorted(FOLDERS)
+    top = sorted(p.stem for p in (ROOT / "loop").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 10, top  # the loop and its edges; anything else belongs in a folder
+
+
+@pytest.mark.parametrize("package", ["loop.rollout", "loop.run", "loop.inspect"])
+def test_importing_a_torch_free_folder_loads_no_torch(package: str) -> None:
+    """Every module of the folder imported in a fresh interpreter: no torch."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"package = importlib.import_module({package!r})\n"
+        "for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

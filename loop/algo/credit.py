@@ -1,6 +1,6 @@
 """Credit assignment for one iteration: rewards of grouped rollouts -> an advantage per turn.
 
-The glue between trajectories and the pure math of loop/advantages.py: pack the groups (the K
+The glue between trajectories and the pure math of loop/algo/advantages.py: pack the groups (the K
 rollouts of each drawn task) into padded (G, K) tensors, call the configured estimator, filter
 by |A|, and unpack. Rollouts that failed for an infrastructure reason, or were not scored, are
 "not present": excluded from the baseline of their group and from learning, and counted.
@@ -10,8 +10,10 @@ by |A|, and unpack. Rollouts that failed for an infrastructure reason, or were n
 changed) counts only once the agent acted, that is called complete_task or made a successful
 call that is not a read. Without it a rollout that does nothing earns the collateral test's
 share (0.5 on a two-test task) and can beat a plausible wrong attempt, so a policy can learn to
-do nothing. Reads are told by the AppWorld naming the built-in world shares (`show_*`,
-`search_*`, `login`, `logout`); the collateral test is AppTown's `no_collateral_changes`.
+do nothing. What is collateral and what is a read is the suite's knowledge, not ours: its
+grader marks the test (`TestResult.collateral`) and its API record marks the call
+(`ApiCall.read_only`); a suite that marks neither (`TaskSuite.marks_collateral` False) is
+refused `reward: acted` by `loop.checks.check_run`.
 
 `turn_rewards` is the one named per-turn reward used by the turn-level (MT-GRPO) estimator: a
 turn earns 1.0 when its code ran without an error, a timeout or a crash and every API call it
@@ -19,16 +21,18 @@ made succeeded; 0.0 otherwise (including a turn with no code).
 
 The learned-critic methods (`gae`, `verlog`) need no group: every scored rollout is kept, its
 turn advantages stay 0 here, and the per-token advantages come later from the value head's
-predictions (loop/critic.py `assign_gae`), with the reward recorded in `Credit.rewards`.
+predictions (loop/learner/critic.py `assign_gae`), with the reward recorded in `Credit.rewards`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
-from loop.advantages import (
+from loop.algo.advantages import (
     compute_filter_advantages,
     compute_group_advantages,
     compute_loo_advantages,
@@ -36,7 +40,6 @@ from loop.advantages import (
     compute_turn_advantages,
     filter_by_magnitude,
 )
-from loop.trajectory import Trajectory
 
 
 @dataclass
@@ -52,31 +55,61 @@ class Credit:
     rewards: list[float] = field(default_factory=list)  # the training reward of each rollout
 
 
-COLLATERAL_TEST = "no_collateral_changes"
-READ_PREFIXES = ("show_", "search_", "login", "logout")
+class ScoredTurn(Protocol):
+    """What credit assignment reads of one turn (loop.rollout.trajectory.Turn)."""
+
+    @property
+    def code(self) -> str | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def timed_out(self) -> bool: ...
+    @property
+    def crashed(self) -> bool: ...
+    @property
+    def api_calls(self) -> list[dict[str, Any]]: ...
 
 
-def rollout_reward(traj: Trajectory, kind: str) -> float:
+class Scored(Protocol):
+    """What credit assignment reads of one rollout (loop.rollout.trajectory.Trajectory): its
+    outcome, its tests and API calls as recorded (`tasks.core.TestResult` / `ApiCall` fields),
+    and its turns."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def reward(self) -> float | None: ...
+    @property
+    def success(self) -> bool | None: ...
+    @property
+    def tests(self) -> list[dict[str, Any]]: ...
+    @property
+    def api_calls(self) -> list[dict[str, Any]]: ...
+    @property
+    def turns(self) -> Sequence[ScoredTurn]: ...
+    @property
+    def infra_failure(self) -> bool: ...
+
+
+def rollout_reward(traj: Scored, kind: str) -> float:
     """The training reward (see the module docstring): fraction, success or acted."""
     if kind == "success":
         return float(bool(traj.success))
     if kind == "acted" and traj.tests and not acted(traj):
-        passed = sum(t["passed"] and t["name"] != COLLATERAL_TEST for t in traj.tests)
+        passed = sum(t["passed"] and not t.get("collateral", False) for t in traj.tests)
         return passed / len(traj.tests)
     return float(traj.reward or 0.0)
 
 
-def acted(traj: Trajectory) -> bool:
-    """The agent called complete_task, or made a successful API call that is not a read."""
+def acted(traj: Scored) -> bool:
+    """The agent called complete_task (status ok), or made a successful API call its suite
+    does not mark read-only."""
     if traj.status == "ok":
         return True
-    return any(
-        call.get("ok") and not str(call.get("api", "")).startswith(READ_PREFIXES)
-        for call in traj.api_calls
-    )
+    return any(call.get("ok") and not call.get("read_only", False) for call in traj.api_calls)
 
 
-def turn_rewards(traj: Trajectory) -> list[float]:
+def turn_rewards(traj: Scored) -> list[float]:
     """1.0 for a turn whose code ran cleanly and whose API calls all succeeded, else 0.0."""
     rewards = []
     for turn in traj.turns:
@@ -87,7 +120,7 @@ def turn_rewards(traj: Trajectory) -> list[float]:
 
 
 def assign_credit(
-    groups: list[list[Trajectory]],
+    groups: Sequence[Sequence[Scored]],
     *,
     method: str,
     reward: str,

@@ -53,6 +53,9 @@ class Generator(Protocol):
     """An async, batched token-level sampler."""
 
     name: str
+    # True when it samples with the training model's own parameters (hf: one copy), so new
+    # weights need no publication; False when it keeps its own copy and loads adapters.
+    shares_weights: bool
 
     async def generate(
         self,

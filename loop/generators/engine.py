@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from loop.generators.kvcache import PrefixEntry
-from loop.models import causal_lm
+from loop.model.aliases import causal_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -56,7 +56,8 @@ from loop.generators.base import FinishReason, Generation, GeneratorError, Sampl
 from loop.generators.engine import DecoderEngine, Row, supports
 from loop.generators.kvcache import KVStore
 from loop.generators.sampling import pick_tokens, sample_batch, seeded_rng
-from loop.policy import Policy
+from loop.model.checkpoint import load_adapter
+from loop.model.policy import Policy
 
 # A first-turn prompt views an existing prefix entry instead of becoming one when the entry
 # covers at least this share of it (see the module docstring, step 3).
@@ -87,6 +88,7 @@ class HFGenerator:
     """An async sampler over the policy's own model (see the module docstring)."""
 
     name = "hf"
+    shares_weights = True  # it samples with the policy the learner trains
 
     def __init__(
         self,
@@ -157,22 +159,8 @@ class HFGenerator:
             return
         if not self.policy.is_lora:
             raise ValueError("load_adapter(path) needs a LoRA policy: load_policy(..., lora=...)")
-        if not Path(path).is_dir():
-            raise ValueError(f"adapter directory {path} does not exist")
-        from peft.utils import load_peft_weights, set_peft_model_state_dict
-
-        weights = load_peft_weights(str(path), device=str(self.policy.device))
         with self._model_lock:
-            try:
-                result: Any = set_peft_model_state_dict(self.policy.model, weights)
-            except RuntimeError as exc:  # shape mismatch: another rank or base model
-                raise ValueError(f"adapter {path} does not fit: {_one_line(exc)}") from None
-        missing = [k for k in result.missing_keys if "lora_" in k]
-        if result.unexpected_keys or missing:
-            raise ValueError(
-                f"adapter {path} does not match this model's LoRA: "
-                f"{len(result.unexpected_keys)} unexpected, {len(missing)} missing tensors"
-            )
+            load_adapter(self.policy.model, Path(path))
 
     async def close(self) -> None:
         """Stop the worker; queued and running requests get a `GeneratorError`."""

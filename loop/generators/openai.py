@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx
 
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.tokenizer import Tokenizer
 
 Mode = Literal["completions", "chat"]
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -43,13 +44,14 @@ class OpenAIGenerator:
     """A client of an OpenAI-compatible endpoint behind the `Generator` interface."""
 
     name = "openai"
+    shares_weights = False
 
     def __init__(
         self,
         base_url: str,
         model: str,
         *,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         api_key_env: str = "OPENAI_API_KEY",
         mode: Mode = "completions",
         timeout_s: float = 120.0,

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from loop.generators.base import FinishReason, Generation, SamplingParams
+from loop.generators.tokenizer import Tokenizer
 
 Message = str | Callable[[list[dict[str, str]]], str]
 
@@ -26,10 +26,11 @@ class ScriptedGenerator:
     """Plays one episode's script, one message per turn (see the module docstring)."""
 
     name = "scripted"
+    shares_weights = False
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         messages: Sequence[Message],
         *,
         logprob: float | Callable[[], float] | None = None,

@@ -44,6 +44,7 @@ class VLLMGenerator:
     """An in-process vLLM engine behind the `Generator` interface (see the module docstring)."""
 
     name = "vllm"
+    shares_weights = False  # the engine holds its own copy; adapters are loaded
 
     def __init__(
         self,

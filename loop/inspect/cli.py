@@ -1,7 +1,7 @@
 """`python -m loop.inspect PATH [--compare OTHER] [--task ID] [--html OUT] ...`
 
 Reads the rollouts under PATH (a run directory, an eval directory or a rollouts file, see
-`loop.inspect.load`), prints the behaviour metrics as tables, and with `--html` writes the
+`loop.run.records`), prints the behaviour metrics as tables, and with `--html` writes the
 report. Every input problem is one line on stderr and exit status 2.
 """
 
@@ -22,14 +22,14 @@ from pathlib import Path
 from loop.inspect import terminal
 from loop.inspect.html import Decoder, ReportBuilder
 from loop.inspect.html_summary import summary_html
-from loop.inspect.load import (
+from loop.inspect.summary import Run, by_iteration, by_task, iterations, overview, to_row
+from loop.run.records import (
     InspectError,
     configured_model,
     find_sources,
     read_rollouts,
     select_sources,
 )
-from loop.inspect.summary import Run, by_iteration, by_task, iterations, overview, to_row
 
 log = logging.getLogger("loop.inspect")
 
@@ -223,7 +223,7 @@ def _decoder(args: argparse.Namespace) -> Decoder | None:
     if name is None or name.lower() == "none":
         return None
     try:
-        from loop.models import resolve_model
+        from loop.model.aliases import resolve_model
 
         location = resolve_model(name)
         file = _tokenizer_json(location)

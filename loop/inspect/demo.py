@@ -5,10 +5,10 @@ solution (tasks/apptown) with the habits the paper measures mixed in, more of th
 "training" than late: reading an API's doc first, a placeholder login with "dummy" values that
 fails, a call before logging in that fails, giving up after it, "I assume" in the thoughts, two
 code cells in one turn. Each message then goes through the real episode loop
-(`loop.rollout.collect_rollouts`: real tokenizer, real sandbox, real grading), so the files hold
-true token-exact trajectories with real API-call sequences. Sampler log-probs are drawn from a
-seeded distribution and learner log-probs are those plus noise. It feeds the inspector's tests
-and gives a report with something to look at:
+(`loop.rollout.collect.collect_rollouts`: real tokenizer, real sandbox, real grading), so the
+files hold true token-exact trajectories with real API-call sequences. Sampler log-probs are drawn
+from a seeded distribution and learner log-probs are those plus noise. It feeds the inspector's
+tests and gives a report with something to look at:
 
     python -m loop.inspect.demo /tmp/demo-run [--tasks 6] [--rollouts 3] [--iterations 2]
     python -m loop.inspect /tmp/demo-run --html /tmp/demo.html
@@ -25,28 +25,39 @@ import random
 import re
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from loop.config import AgentConfig, RunConfig
 from loop.generators.scripted import ScriptedGenerator
-from loop.metrics import compute_metrics
-from loop.prompt import worked_example
-from loop.rollout import RolloutJob, collect_rollouts
-from loop.rundir import (
+from loop.generators.tokenizer import Tokenizer
+from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
+from loop.rollout.prompt import worked_example
+from loop.rollout.trajectory import Trajectory
+from loop.run.metrics import compute_metrics
+from loop.run.rundir import (
     RunDir,
     eval_rollouts_sink,
     write_config,
     write_eval_metrics,
     write_rollouts_gz,
 )
-from loop.trajectory import Trajectory
+from tasks import GoldSolutions, Task, TaskSuite
 
 CALL = re.compile(r"apis\.(\w+)\.(\w+)")
-TOKENIZER_MODEL = "smollm2-135m"  # the embedded default's tokenizer (loop/models.py)
+TOKENIZER_MODEL = "smollm2-135m"  # the embedded default's tokenizer (loop/model/aliases.py)
 SETTINGS = AgentConfig(max_turns=12, max_new_tokens=1500, max_observation_tokens=600)
 
 
-def script(suite: Any, task: Any, skill: float, rng: random.Random) -> list[str]:
+@runtime_checkable
+class ScriptedSuite(TaskSuite, GoldSolutions, Protocol):
+    """A suite with a right and a wrong solution per task (the built-in world)."""
+
+    def wrong_solution(self, task: Task) -> list[str]:
+        """Code cells that run but fail the task's tests."""
+        ...
+
+
+def script(suite: ScriptedSuite, task: Task, skill: float, rng: random.Random) -> list[str]:
     """Assistant messages for one rollout; `skill` in [0, 1] makes the good habits likelier."""
     good = rng.random() < 0.3 + 0.6 * skill
     cells = list(suite.gold_solution(task) if good else suite.wrong_solution(task))
@@ -82,12 +93,18 @@ def script(suite: Any, task: Any, skill: float, rng: random.Random) -> list[str]
 
 
 async def rollouts(
-    suite: Any, pool: Any, tokenizer: Any, tasks: list[Any], k: int, skill: float, seed: int
+    suite: ScriptedSuite,
+    pool: SandboxPool,
+    tokenizer: Tokenizer,
+    tasks: list[Task],
+    k: int,
+    skill: float,
+    seed: int,
 ) -> list[Trajectory]:
     """K scripted rollouts of every task, through the real episode loop."""
     example = list(worked_example(suite))
 
-    async def one(task: Any, sample: int) -> Trajectory:
+    async def one(task: Task, sample: int) -> Trajectory:
         rng = random.Random(f"{seed}/{task.id}/{sample}")
         noise = random.Random(rng.randrange(1 << 30))
         generator = ScriptedGenerator(
@@ -139,11 +156,12 @@ def write_demo_run(
     """A demo run directory: a dev evaluation and `iterations` training iterations."""
     from transformers import AutoTokenizer
 
-    from loop.models import resolve_model
+    from loop.model.aliases import resolve_model
     from sandbox import KernelPool
     from tasks import get_suite
 
     suite = get_suite("apptown")
+    assert isinstance(suite, ScriptedSuite), "the built-in world has right and wrong solutions"
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(TOKENIZER_MODEL))
     run = RunDir(out)
     eval_dir = run.eval_dir("dev")

@@ -27,12 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loop.codeblocks import segments as message_segments
 from loop.inspect.assets import SCRIPT
-from loop.inspect.load import Rollout
 from loop.inspect.metrics import endpoint, is_execution_error
 from loop.inspect.style import CSS
 from loop.inspect.summary import Row
+from loop.rollout.codeblocks import segments as message_segments
+from loop.run.records import Rollout
 
 MAX_ARGUMENT_CHARS = 2000  # a call's arguments, as JSON, in the transcript
 ROLLOUT_COLUMNS = (  # per-rollout numbers in the index (and the task cards' tables)

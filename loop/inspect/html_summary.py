@@ -47,8 +47,8 @@ def summary_html(runs: Sequence[Run]) -> str:
 
 
 def learning_curves(runs: Sequence[Run]) -> list[str]:
-    """The `learning_curve.png` of each run directory that has one, inline (loop/report.py)."""
-    from loop.report import CURVE
+    """The `learning_curve.png` of each run directory that has one, inline (loop/run/report.py)."""
+    from loop.run.report import CURVE
 
     parts = []
     for run in runs:

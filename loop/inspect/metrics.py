@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from statistics import mean
 from typing import Any, Literal
 
-from loop.codeblocks import code_blocks
-from loop.trajectory import Trajectory, Turn
+from loop.rollout.codeblocks import code_blocks
+from loop.rollout.trajectory import Trajectory, Turn
 
 SHOW_API_DOC = re.compile(r"apis\.api_docs\.show_api_doc\b")
 ASSUME = re.compile(r"assum(?:ing|ed|e)", re.IGNORECASE)  # "assumed" matches once, as "assumed"

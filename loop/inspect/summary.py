@@ -12,8 +12,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from loop.inspect.load import Rollout
 from loop.inspect.metrics import RolloutMetrics, aggregate, rollout_metrics
+from loop.run.records import Rollout
 
 Aggregate = dict[str, float | None]
 K = TypeVar("K", bound=Hashable)

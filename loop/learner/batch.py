@@ -1,11 +1,11 @@
 """From finished rollouts to what the learner trains on: one `Sample` of tensors per rollout.
 
 A sample keeps the rollout's flat token sequence and its loss mask exactly as collected
-(loop/trajectory.py): `is_output` is True only for ids the policy sampled, so the prompt, the
-chat-template glue and every observation get no gradient. The advantage is stored per token so
-that trajectory-level credit (one scalar broadcast to all output tokens, the paper's default)
-and turn-level credit (MT-GRPO) share one code path. `turn_ids` names each output token's turn
-for per-turn importance weights.
+(loop/rollout/trajectory.py): `is_output` is True only for ids the policy sampled, so the
+prompt, the chat-template glue and every observation get no gradient. The advantage is stored per
+token so that trajectory-level credit (one scalar broadcast to all output tokens, the paper's
+default) and turn-level credit (MT-GRPO) share one code path. `turn_ids` names each output token's
+turn for per-turn importance weights.
 
 Rollouts longer than `max_seq_len` are cut to their first `max_seq_len` tokens and still
 trained on (as the reference code does); the cut is counted by the caller.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from loop.trajectory import Trajectory
+from loop.rollout.trajectory import Trajectory
 
 
 @dataclass
@@ -167,3 +167,20 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Bat
         returns=pad_if_set("returns"),
         ref_logprobs=pad_if_set("ref_logprobs"),
     )
+
+
+def learner_logprobs(
+    samples: Sequence[Sample], lengths: Sequence[int]
+) -> dict[int, list[float | None]]:
+    """Rollout index -> the samples' recomputed old log-probs on their loss masks, parallel to
+    that rollout's `lengths[i]` tokens (None elsewhere), for the rollouts file. A windowed
+    rollout has one sample per turn; samples without old log-probs are skipped."""
+    values: dict[int, list[float | None]] = {}
+    for sample in samples:
+        if sample.old_logprobs is None:
+            continue
+        row = values.setdefault(sample.source, [None] * lengths[sample.source])
+        for position in sample.is_output.nonzero().flatten().tolist():
+            where = position if sample.positions is None else int(sample.positions[position])
+            row[where] = float(sample.old_logprobs[position])
+    return values

@@ -9,7 +9,7 @@ LLM: one model copy, as for every method of this trainer):
   hidden state through `detach()` unless `critic.grad_to_body` is set: [P] found value
   gradients in the LoRA weights destabilising. Its last layer starts at zero (V = 0 until it
   learns), so the first advantages are the plain returns rather than noise.
-- Values come from the same forward pass as the log-probs (loop/logprobs.py
+- Values come from the same forward pass as the log-probs (loop/learner/logprobs.py
   `values_from_hidden`), chunked like them, so the head adds no vocabulary-sized tensor.
 - `Critic`: the head, its own AdamW (the policy's optimizer and its sharded state stay as they
   are) and the value-loss settings; the learner calls it. The head and its optimizer are saved
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from loop.algo.gae import compute_dual_discount_gae, compute_gae
 from loop.config_types import CRITIC_ADVANTAGES
-from loop.gae import compute_dual_discount_gae, compute_gae
 
 PAPER_WIDTH_FRACTIONS = (3 / 5, 2 / 5)  # [P]'s head on a 5120-wide model: 3072, 2048
 
@@ -175,10 +175,11 @@ def build_critic(config: Any, policy: Any) -> Critic | None:
 def assign_gae(samples: Sequence[Any], config: Any, credit: Any = None) -> dict[str, float]:
     """Per-token advantages and value targets of `samples` from their old values (in place).
 
-    samples: loop.batch.Sample with `old_values` set (the learner's no-grad pass) and `reward`.
+    samples: loop.learner.batch.Sample with `old_values` set (the learner's no-grad pass) and
+    `reward`.
     The recursion runs over a whole episode: the samples of one rollout (one, or one per turn
     with a memory window, ordered by turn) are joined on their output tokens, the reward sits
-    on the episode's last one. `credit` (loop.credit.Credit, optional) gets each turn's mean
+    on the episode's last one. `credit` (loop.algo.credit.Credit, optional) gets each turn's mean
     advantage, for the rollouts file and the report. Returns `critic/*` metrics; a no-op for
     the other advantages.
     """

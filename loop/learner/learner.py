@@ -1,7 +1,7 @@
 """The learner: old log-probs, then epochs of minibatch gradient steps on the one policy model.
 
-`Learner` owns the optimizer and the step guards; the math is in loop/losses.py and
-loop/advantages.py. One iteration's learning (loop_spec.md section 2, steps 5 to 8):
+`Learner` owns the optimizer and the step guards; the math is in loop/algo/losses.py and
+loop/algo/advantages.py. One iteration's learning (loop_spec.md section 2, steps 5 to 8):
 
 1. `recompute_old_logprobs`: a no-grad pass in eval mode gives the learner's log-probs of every
    output token; they overwrite the sampler's as the PPO "old" log-probs, and their difference
@@ -18,18 +18,18 @@ loop/advantages.py. One iteration's learning (loop_spec.md section 2, steps 5 to
    `max_grad_norm`.
 4. The learning-rate schedule (constant) steps once per iteration.
 
-Two optional terms share the forward pass and the step. With a `critic` (loop/critic.py) the
+Two optional terms share the forward pass and the step. With a `critic` (loop/learner/critic.py) the
 value head reads the same last hidden state as the log-probs: the recompute pass also records
 the old values, and each step adds `coef * clipped value loss` and steps the head's own
 optimizer; during the critic warm-up the actor is frozen (no policy loss, no policy step). With
 `kl_coef` > 0 (GRPO's KL to the reference, LoRA only) the recompute pass also records the
 reference log-probs, from the same model with the LoRA adapter disabled (peft's
 `disable_adapter()`: no second copy); the reference never changes, so once per iteration is
-enough, and each step adds `kl_coef * k3` (loop/losses.py `kl_penalty`).
+enough, and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`).
 
 With several processes each learner gets an equal shard of the rollouts; gradients are averaged
 across processes by the sharding wrapper, so the local loss is scaled by the world size to keep
-the paper's "sum over the global minibatch / minibatch_size" (see loop/distributed.py).
+the paper's "sum over the global minibatch / minibatch_size" (see loop/model/distributed.py).
 """
 
 from __future__ import annotations
@@ -44,12 +44,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from loop import distributed
-from loop.batch import Batch, Sample, collate
-from loop.critic import Critic, first_token_weights
-from loop.learn_stats import LearnStats, Losses, parity_stats, record_extras
-from loop.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
-from loop.losses import (
+from loop.algo.losses import (
     PolicyLoss,
     ValueLoss,
     clipped_surrogate_loss,
@@ -59,7 +54,12 @@ from loop.losses import (
     kl_penalty,
     reinforce_loss,
 )
-from loop.policy import Policy
+from loop.learner.batch import Batch, Sample, collate
+from loop.learner.critic import Critic, first_token_weights
+from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
+from loop.learner.stats import LearnStats, Losses, parity_stats, record_extras
+from loop.model import distributed
+from loop.model.policy import Policy
 
 
 class NonFiniteLossError(RuntimeError):

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from loop.models import causal_lm
+from loop.model.aliases import causal_lm
 
 
 def token_logprobs(
@@ -114,7 +114,7 @@ def logprobs_from_hidden(
 def values_from_hidden(head: Any, hidden_states: Tensor, *, chunk_size: int) -> Tensor:
     """V(s_t) of every token t, from the value head on the body's hidden states, in chunks.
 
-    head: a module mapping (N, H) -> (N,) (loop.critic.ValueHead).
+    head: a module mapping (N, H) -> (N,) (loop.learner.critic.ValueHead).
     hidden_states: (B, T, H); detach it first to keep the value loss out of the body.
     Returns (B, T) float32 aligned like the log-probs: `out[:, t]` is the value of the state in
     which token t was sampled, read from hidden[t - 1] (the position whose logits sampled t);

@@ -1,5 +1,6 @@
 """What the learner measures: the terms of a micro-batch's loss, one iteration's statistics, and
-the parity of the learner's log-probs with the sampler's (loop/learner.py does the learning).
+the parity of the learner's log-probs with the sampler's (loop/learner/learner.py does the
+learning).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from loop.batch import Sample
-from loop.losses import PolicyLoss, ValueLoss
+from loop.algo.losses import PolicyLoss, ValueLoss
+from loop.learner.batch import Sample
 
 
 class Losses(NamedTuple):

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from loop.models import is_peft_model
+from loop.model.aliases import is_peft_model
 
 STATE_FILE = "trainer_state.pt"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -37,7 +37,7 @@ def save_weights(model: Any, path: Path) -> None:
     """
     from transformers.utils import logging as hf_logging
 
-    from loop import distributed
+    from loop.model import distributed
 
     state = None
     if distributed.is_distributed():
@@ -50,29 +50,6 @@ def save_weights(model: Any, path: Path) -> None:
             model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
     finally:
         hf_logging.enable_progress_bar()
-    distributed.barrier()
-
-
-def publish_weights(policy: Any, generator: Any, target: Path) -> None:
-    """Make `generator` sample from the policy's current weights (collective).
-
-    The `hf` generator samples from the policy itself; every other backend gets the LoRA adapter
-    saved to `target` (rank 0 loads it).
-    """
-    if generator.name == "hf":
-        return
-    save_weights(policy.model, target)  # collective: shards gathered to rank 0
-    serve_adapter(generator, target)
-
-
-def serve_adapter(generator: Any, adapter_dir: Path) -> None:
-    """Point a non-`hf` generator at a saved adapter (rank 0 loads it; collective)."""
-    from loop import distributed
-
-    if generator.name == "hf":
-        return
-    if distributed.is_main():
-        generator.load_adapter(adapter_dir)
     distributed.barrier()
 
 
@@ -130,7 +107,7 @@ def save_checkpoint(
     Collective with several processes: every rank calls it (the weights are gathered from the
     shards); only rank 0 touches the files.
     """
-    from loop import distributed
+    from loop.model import distributed
 
     main = distributed.is_main()
     final = root / f"iter-{iteration}"

@@ -17,7 +17,7 @@ without it, and without an `accelerate config`, it starts one.)
 through `Accelerator.prepare` because accelerate (1.15) turns FSDP on only for GPU-type
 processes (CPU processes get plain data parallelism, so the 2-process CPU test could not
 exercise sharding), and because `prepare` wants to own the optimizer and the backward call,
-which live in loop/learner.py.
+which live in loop/learner/learner.py.
 
 The wrapping is close to accelerate's FSDP2 auto-wrap and the reference's (loop_spec.md section
 7.4): one group per decoder layer, resharded after forward; the input and output embeddings in
@@ -28,11 +28,12 @@ the world size to undo the average). The reference puts each LoRA module in its 
 keep it float32; here the adapters share their layer's group, since FSDP2 needs one dtype only
 among a group's trainable parameters (a bfloat16 frozen base beside float32 adapters is fine).
 
-Trap: the learner never calls the model's top-level `forward`. `loop.logprobs.token_logprobs`
-runs the transformer body and then the LM head on chunks of positions, so the FSDP root is the
-body, and the LM head's group (which holds the input embedding too, so that it joins the body's
-FSDP tree and tied weights stay one parameter) is used in those later chunk calls, the
-"chunked loss" pattern FSDP2 supports. The full forward (`model(...)`) still works.
+Trap: the learner never calls the model's top-level `forward`.
+`loop.learner.logprobs.token_logprobs` runs the transformer body and then the LM head on chunks of
+positions, so the FSDP root is the body, and the LM head's group (which holds the input embedding
+too, so that it joins the body's FSDP tree and tied weights stay one parameter) is used in those
+later chunk calls, the "chunked loss" pattern FSDP2 supports. The full forward (`model(...)`) still
+works.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from loop import models
+from loop.model import aliases
 
 
 def is_distributed() -> bool:
@@ -151,7 +152,7 @@ def shard_model(model: Any) -> Any:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    causal_lm = models.causal_lm(model)
+    causal_lm = aliases.causal_lm(model)
     body = causal_lm.base_model  # what token_logprobs runs: the FSDP root
     embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
     if body is causal_lm or embed is None or head is None:

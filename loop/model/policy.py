@@ -8,7 +8,7 @@ model object. The same object is trained by the learner and sampled by the `hf` 
     policy.model      # a transformers model, wrapped by peft when `lora` is given
     policy.tokenizer  # always has a pad token (eos when the checkpoint defines none)
 
-What it does, in order: resolve built-in aliases (`loop.models.resolve_model`), check the
+What it does, in order: resolve built-in aliases (`loop.model.aliases.resolve_model`), check the
 dtype/device, load the tokenizer and the model (4-bit NF4 base through bitsandbytes if asked),
 enable non-reentrant gradient checkpointing, then wrap with LoRA. Every bad input is a
 one-line `ValueError` (or `RuntimeError` for a missing optional dependency) naming the fix.
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from loop.models import is_peft_model, resolve_model
+from loop.model.aliases import is_peft_model, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda", "auto")

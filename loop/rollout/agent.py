@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loop.codeblocks import extract_code
 from loop.config import AgentConfig
-from loop.generators.base import Generator, GeneratorError, SamplingParams
-from loop.prompt import build_messages, format_observation
-from loop.trajectory import Trajectory, Turn
-from tasks.core import EnvironmentFailureError
+from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
+from loop.generators.tokenizer import Tokenizer
+from loop.rollout.codeblocks import extract_code
+from loop.rollout.prompt import build_messages, format_observation
+from loop.rollout.trajectory import Trajectory, Turn
+from tasks.core import Environment, EnvironmentFailureError, Task
 
 NO_CODE = "No code was found. Write your code in a ```python block."
 
@@ -41,7 +42,7 @@ class ChatGlue:
     stop_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> ChatGlue:
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> ChatGlue:
         """Render a probe conversation and cut the template text out between markers."""
         a, u = "\x00ASSISTANT\x00", "\x00USER\x00"
         probe = [
@@ -59,7 +60,7 @@ class ChatGlue:
         return cls(between, after, tuple(sorted(i for i in stops if i is not None)))
 
 
-def encode_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """The opening messages as token ids, through the tokenizer's chat template."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
@@ -67,7 +68,7 @@ def encode_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return [int(i) for i in ids]
 
 
-def truncate_observation(tokenizer: Any, text: str, max_tokens: int) -> str:
+def truncate_observation(tokenizer: Tokenizer, text: str, max_tokens: int) -> str:
     """Cut an observation to `max_tokens` tokens, saying how much was left out."""
     ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if len(ids) <= max_tokens:
@@ -77,10 +78,10 @@ def truncate_observation(tokenizer: Any, text: str, max_tokens: int) -> str:
 
 
 async def run_episode(
-    env: Any,
-    task: Any,
+    env: Environment,
+    task: Task,
     generator: Generator,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     settings: AgentConfig,
     *,
     example: list[dict[str, str]],
@@ -163,7 +164,7 @@ def _window(
     return messages[:context] + messages[context + 2 * (turn - memory_turns) :]
 
 
-def _record_output(traj: Trajectory, tokenizer: Any, generation: Any) -> Turn:
+def _record_output(traj: Trajectory, tokenizer: Tokenizer, generation: Generation) -> Turn:
     start = len(traj.tokens)
     traj.append(list(generation.token_ids), output=True, logprobs=generation.logprobs)
     text = generation.text
@@ -177,7 +178,7 @@ def _record_output(traj: Trajectory, tokenizer: Any, generation: Any) -> Turn:
 
 def _append_observation(
     traj: Trajectory,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     glue: ChatGlue,
     generation: Any,
     turn: Turn,

@@ -3,7 +3,7 @@
 A block opens with ```python or ```py at the end of a line and closes at the next ```; a final
 block left unterminated (the turn hit its token limit) runs to the end of the message.
 `segments` cuts a message into prose and code, in order; `code_blocks` keeps the non-blank code;
-`extract_code` joins it into the one cell the agent's turn runs (loop/agent.py).
+`extract_code` joins it into the one cell the agent's turn runs (loop/rollout/agent.py).
 """
 
 from __future__ import annotations

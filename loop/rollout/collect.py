@@ -5,7 +5,7 @@ time, each in a fresh sandbox from the pool (released, so destroyed, after the e
 job ends as a `Trajectory` with an explicit status, and is scored by the environment's own
 tests (the same code evaluate.py reports). Our failures become statuses, never exceptions that
 take down the other rollouts and never a silent reward of 0.0; what the agent's own code causes
-is scored (the attribution rule in `loop/trajectory.py`). Once the episode ends the sandbox
+is scored (the attribution rule in `loop/rollout/trajectory.py`). Once the episode ends the sandbox
 stops serving `apis`, so the state that is graded is the state the episode ended with.
 """
 
@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generator
-from loop.trajectory import RolloutStatus, Trajectory
+from loop.generators.tokenizer import Tokenizer
+from loop.rollout.agent import run_episode
+from loop.rollout.trajectory import RolloutStatus, Trajectory
 from tasks import Environment, EnvironmentFailureError, Task, TaskSuite
 
 
@@ -47,7 +48,7 @@ async def collect_rollouts(
     suite: TaskSuite,
     pool: SandboxPool,
     generator: Generator,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     settings: AgentConfig,
     example: list[dict[str, str]],
     max_concurrent: int,
@@ -92,7 +93,7 @@ async def _rollout(
     suite: TaskSuite,
     pool: SandboxPool,
     generator: Generator,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     settings: AgentConfig,
     example: list[dict[str, str]],
 ) -> Trajectory:

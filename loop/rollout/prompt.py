@@ -4,7 +4,7 @@ The worked example is a task in no split (`tasks.EXAMPLE_TASK`: "what is my mana
 address?"), solved with the same APIs the agent has; each suite provides its messages
 (`TaskSuite.example_messages`, e.g. tasks/apptown/example.py, which runs the example's code
 against the world so its observations always match what the apps return). Messages are plain
-role/content dicts; `loop/agent.py` turns them into token ids.
+role/content dicts; `loop/rollout/agent.py` turns them into token ids.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from statistics import mean
 from typing import Any
 
-from loop.trajectory import INFRA_STATUSES, Trajectory
+from loop.rollout.trajectory import INFRA_STATUSES, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -99,7 +99,7 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """Namespaced metrics (`rollout/...`) of one training iteration's rollouts.
 
-    `credit` is the iteration's `loop.credit.Credit` (flattened in group order), `discarded`
+    `credit` is the iteration's `loop.algo.credit.Credit` (flattened in group order), `discarded`
     the rollouts cancelled by the straggler cut-off, `samples` what this process trains on and
     `kept` the rollouts trained on, after the top-up to a multiple of the world size.
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loop.rundir import CONFIG, EVAL_ROLLOUTS, ITER_NAME, NOT_ROLLOUTS, ROLLOUTS, read_config
-from loop.trajectory import Trajectory, Turn
+from loop.rollout.trajectory import Trajectory, Turn
+from loop.run.rundir import CONFIG, EVAL_ROLLOUTS, ITER_NAME, NOT_ROLLOUTS, ROLLOUTS, read_config
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ over tasks, which does not treat a task's K rollouts as independent). It also wr
   rollouts kept by the |A| filter (the ones LOOP learned from);
 - bottom: evaluation success per split at each evaluation, with its 95% interval.
 
-    python -m loop.report runs/quickstart        # print the comparison, redraw the picture
+    python -m loop.run.report runs/quickstart        # print the comparison, redraw the picture
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from loop.rundir import RunDir
-from loop.stats import Comparison, compare, wilson_interval
+from loop.run.rundir import RunDir
+from loop.run.significance import Comparison, compare, wilson_interval
 
 CURVE = "learning_curve.png"
 
@@ -157,15 +157,15 @@ def _num(value: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m loop.report RUN_DIR`."""
+    """`python -m loop.run.report RUN_DIR`."""
     parser = argparse.ArgumentParser(
-        prog="python -m loop.report", description=__doc__.split("\n")[0]
+        prog="python -m loop.run.report", description=__doc__.split("\n")[0]
     )
     parser.add_argument("run_dir", type=Path, help="a training run directory (runs/<name>)")
     args = parser.parse_args(argv)
     run = RunDir(args.run_dir)
     if not run.eval_root.is_dir() and not run.metrics.is_file():
-        print(f"loop.report: {args.run_dir} is not a training run directory", file=sys.stderr)
+        print(f"loop.run.report: {args.run_dir} is not a training run directory", file=sys.stderr)
         return 2
     print(learning_report(args.run_dir))
     return 0

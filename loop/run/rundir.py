@@ -4,12 +4,12 @@
     runs/<name>/metrics.jsonl                one line per iteration and per eval (`RunLog`)
     runs/<name>/tb/                          TensorBoard events
     runs/<name>/rollouts/iter-N.jsonl.gz     every training rollout of iteration N
-    runs/<name>/checkpoints/iter-N/          complete checkpoints (loop/checkpoint.py)
+    runs/<name>/checkpoints/iter-N/          complete checkpoints (loop/model/checkpoint.py)
     runs/<name>/adapter-sync/iter-N/         the adapter handed to the vLLM generator
     runs/<name>/eval/<split>/                evaluate.py: config.yaml, rollouts.jsonl, metrics.json
     runs/<name>/eval/<split>/iter-N/         the trainer's evaluation before iteration N
 
-The trainer, evaluation, the inspector's demo run and its reader (loop/inspect/load.py) all
+The trainer, evaluation, the inspector's demo run and its reader (loop/run/records.py) all
 go through these names; nothing else spells a file name of the run directory. No torch here.
 """
 

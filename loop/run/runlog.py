@@ -1,5 +1,5 @@
 """Where a run's numbers go: `metrics.jsonl`, TensorBoard, optionally Weights & Biases
-(the files' names and writers are loop/rundir.py's).
+(the files' names and writers are loop/run/rundir.py's).
 
 One `RunLog` per run, written by the main process only. Every record is one JSON line with the
 iteration and namespaced keys (`rollout/reward_mean`, `loss/clipfrac`, `time/learn_s`, ...);
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loop.rundir import RunDir, write_rollouts_gz
+from loop.run.rundir import RunDir, write_rollouts_gz
 
 if TYPE_CHECKING:
-    from loop.batch import Sample
-    from loop.credit import Credit
-    from loop.trajectory import Trajectory
+    from loop.algo.credit import Credit
+    from loop.rollout.trajectory import Trajectory
 
 
 class RunLog:
@@ -86,18 +86,14 @@ def summary_line(iteration: int, total: int, m: dict[str, float]) -> str:
 
 def write_rollouts(
     path: Path, rollouts: list[Trajectory], iteration: int, split: str, credit: Credit,
-    kept: list[bool], samples: list[Sample],
+    kept: list[bool], learner_logprobs: Mapping[int, list[float | None]],
 ) -> None:  # fmt: skip
     """Write one iteration's rollouts to `path` (gzipped JSON lines, atomically).
 
     Each line is `Trajectory.to_json()` plus the iteration, its advantage(s), whether it was
-    trained on, and `learner_logprobs` (the recomputed old log-probs, parallel to `tokens`, null
-    off the loss mask; written for the rollouts this process trained on).
+    trained on, and `learner_logprobs` (rollout index -> the recomputed old log-probs, parallel
+    to `tokens`, null off the loss mask; given for the rollouts this process trained on).
     """
-    learner: dict[int, list[Sample]] = {}  # a windowed rollout has one sample per turn
-    for sample in samples:
-        if sample.old_logprobs is not None:
-            learner.setdefault(sample.source, []).append(sample)
 
     def record(i: int, traj: Trajectory) -> dict[str, Any]:
         advantages = credit.turn_advantages[i]
@@ -105,20 +101,7 @@ def write_rollouts(
             "iteration": iteration, "split": split,
             "advantage": advantages[0] if len(set(advantages)) == 1 else None,
             "turn_advantages": advantages, "kept": kept[i],
-            "learner_logprobs": _learner_logprobs(learner.get(i, []), len(traj.tokens)),
+            "learner_logprobs": learner_logprobs.get(i),
         }  # fmt: skip
 
     write_rollouts_gz(path, (record(i, traj) for i, traj in enumerate(rollouts)))
-
-
-def _learner_logprobs(samples: list[Sample], length: int) -> list[float | None] | None:
-    """The samples' old log-probs on their loss masks, parallel to the rollout's tokens."""
-    if not samples:
-        return None
-    values: list[float | None] = [None] * length
-    for sample in samples:
-        assert sample.old_logprobs is not None
-        for position in sample.is_output.nonzero().flatten().tolist():
-            where = position if sample.positions is None else int(sample.positions[position])
-            values[where] = float(sample.old_logprobs[position])
-    return values

@@ -25,6 +25,9 @@ from typing import Annotated, Any, TypedDict
 
 # The largest page an agent may ask for, as in AppWorld: code that assumes one page fails.
 MAX_PAGE_LIMIT = 20
+# The APIs that change no app state, by the AppWorld naming the built-in world follows (a
+# session's login and logout change none either); every other API may write.
+READ_PREFIXES = ("show_", "search_", "list_", "login", "logout")
 # The longest string argument: far past any real value, short of SQLite's LIKE pattern limit.
 MAX_STRING_CHARS = 10_000
 
@@ -138,6 +141,7 @@ class Api:
     params: tuple[Param, ...]
     returns: Any
     needs_login: bool
+    read_only: bool  # changes no state: a read (`ApiCall.read_only`; see READ_PREFIXES)
 
     def bind(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Check `kwargs` against the parameters and fill defaults; raise 422 naming the problem."""
@@ -225,6 +229,7 @@ def _api_from_function(app: str, fn: Callable[..., Any], login: bool) -> Api:
         params=tuple(params),
         returns=hints["return"],
         needs_login=login,
+        read_only=fn.__name__.startswith(READ_PREFIXES),
     )
 
 

@@ -115,6 +115,7 @@ class AppTownEnv:
                 error is None,
                 error,
                 time.perf_counter() - start,
+                self.server.read_only(app, api),
             )
         )
 

@@ -124,9 +124,13 @@ class Grader:
         """Query the final state."""
         return [dict(r) for r in self.final.execute(sql, params)]
 
-    def check(self, name: str, requirement: str, passed: bool, failure: str) -> bool:
-        """Record one test; `failure` says what differed and is kept only when it failed."""
-        self.results.append(TestResult(name, requirement, passed, "" if passed else failure))
+    def check(
+        self, name: str, requirement: str, passed: bool, failure: str, *, collateral: bool = False
+    ) -> bool:
+        """Record one test; `failure` says what differed and is kept only when it failed;
+        `collateral` marks the test that checks nothing else changed (`TestResult.collateral`)."""
+        result = TestResult(name, requirement, passed, "" if passed else failure, collateral)
+        self.results.append(result)
         return passed
 
     def check_answer(self, expected: Any, *, ordered: bool = False) -> bool:
@@ -154,6 +158,7 @@ class Grader:
             "No other record in any app was added, removed or changed",
             not extra,
             f"{len(extra)} unexpected change(s): {listed}{more}",
+            collateral=True,
         )
 
     def report(self) -> TestReport:

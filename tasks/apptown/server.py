@@ -27,6 +27,11 @@ class AppServer:
     def __init__(self, db: sqlite3.Connection, user_id: int, now: datetime):
         self.ctx = Context(db=db, user_id=user_id, now=now, apps=APPS)
 
+    def read_only(self, app: str, api: str) -> bool:
+        """Whether `app.api` is a read (False for an unknown one: its call fails anyway)."""
+        spec = APPS[app].apis.get(api) if app in APPS else None
+        return spec is not None and spec.read_only
+
     def call(self, app: str, api: str, kwargs: dict[str, Any]) -> Any:
         """Run `app.api(**kwargs)` for the user; raise `AppError` for what the agent should see."""
         if app not in APPS:

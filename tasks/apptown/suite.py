@@ -43,6 +43,7 @@ class AppTownSuite:
 
     name = "apptown"
     uses_sandbox = True
+    marks_collateral = True  # grading.py marks no_collateral_changes; api.py marks the reads
 
     def __init__(
         self, seed: int = 0, n_people: int = 72, scenarios: tuple[Scenario, ...] = SCENARIOS

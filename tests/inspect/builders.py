@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loop.trajectory import Trajectory, Turn
+from loop.rollout.trajectory import Trajectory, Turn
 
 
 def call(endpoint: str, ok: bool = True) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from loop.inspect.load import (
+from loop.run.records import (
     InspectError,
     find_sources,
     parse_iterations,

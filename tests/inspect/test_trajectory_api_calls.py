@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from loop.trajectory import Trajectory
+from loop.rollout.trajectory import Trajectory
 from tests.inspect.builders import call, rollout, turn
 
 
@@ -18,7 +18,7 @@ def _two_turns() -> Trajectory:
 def test_calls_derive_from_turns_and_are_written_once() -> None:
     traj = _two_turns()
     assert [c["api"] for c in traj.api_calls] == ["x", "y"]
-    traj.api_calls = [call("a.x"), call("a.y", ok=False)]  # what loop/agent.py assigns
+    traj.api_calls = [call("a.x"), call("a.y", ok=False)]  # what loop/rollout/agent.py assigns
     data = traj.to_json()
     assert "api_calls" not in data and "own_api_calls" not in data
     assert sum(len(t["api_calls"]) for t in data["turns"]) == 2

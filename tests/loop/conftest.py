@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from loop.policy import Policy
+from loop.model.policy import Policy
 
 TINY_VOCAB = 300
 EOS_ID = 2
@@ -83,7 +83,7 @@ def tokenizer() -> Any:
     """SmolLM2-135M-Instruct's tokenizer (a test module may define its own)."""
     from transformers import AutoTokenizer
 
-    from loop.models import resolve_model
+    from loop.model.aliases import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
 
@@ -99,7 +99,7 @@ def suite() -> Any:
 @pytest.fixture(scope="session")
 def smollm2_policy() -> Policy:
     """The real SmolLM2-135M-Instruct in float32 on CPU (converted once; a few seconds)."""
-    from loop.policy import load_policy
+    from loop.model.policy import load_policy
 
     return load_policy("smollm2-135m")
 

@@ -2,10 +2,10 @@
 
 The policy is the tiny random Llama of conftest.py with a word-level tokenizer whose `decode`
 wraps the sampled words in a python block, `emit("w17 w42 ...")`, so the real agent loop
-(loop/agent.py) extracts it as code and calls `step`. The environment runs no code: it reads the
-words, ends the episode, and its test report has one test per word, passed when the word is in
-the target set (ids below `TARGET_BELOW`). Reward = fraction of emitted words in the target set,
-which a policy can raise only by changing which tokens it samples.
+(loop/rollout/agent.py) extracts it as code and calls `step`. The environment runs no code: it
+reads the words, ends the episode, and its test report has one test per word, passed when the word
+is in the target set (ids below `TARGET_BELOW`). Reward = fraction of emitted words in the target
+set, which a policy can raise only by changing which tokens it samples.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from loop.build import TrainParts
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
-from loop.policy import Policy
+from loop.model.policy import Policy
+from loop.parts import TrainParts
 from loop.trainer import train
 from tasks.core import Task, TestReport, TestResult
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
@@ -100,6 +100,7 @@ class WordSuite:
     """Four training tasks (and two dev tasks) with the same word-emitting goal."""
 
     name = "words"
+    shares_weights = False
     uses_sandbox = False  # the environment runs no code
 
     def __init__(self) -> None:

@@ -1,5 +1,5 @@
-"""`loop.advantages`: every advantage function against numbers worked out by hand, the edge cases
-(equal rewards, infrastructure failures, a lone survivor, padding, K = 2), and the vectorised
+"""`loop.algo.advantages`: every advantage function against numbers worked out by hand, the edge
+cases (equal rewards, infrastructure failures, a lone survivor, padding, K = 2), and the vectorised
 functions against slow per-group loops.
 
 Run: python -m pytest tests/loop/test_advantages.py -q
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from loop.advantages import (
+from loop.algo.advantages import (
     compute_filter_advantages,
     compute_group_advantages,
     compute_loo_advantages,

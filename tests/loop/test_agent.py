@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from loop.agent import NO_CODE, ChatGlue, extract_code, run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generation, GeneratorError, SamplingParams
-from loop.prompt import worked_example
-from loop.rollout import RolloutJob, collect_rollouts
+from loop.rollout.agent import NO_CODE, ChatGlue, extract_code, run_episode
+from loop.rollout.collect import RolloutJob, collect_rollouts
+from loop.rollout.prompt import worked_example
 from sandbox import KernelPool
 
 pytestmark = pytest.mark.slow
@@ -29,6 +29,7 @@ class ScriptedGenerator:
     """Returns the token ids of scripted assistant messages; records every prompt."""
 
     name = "scripted"
+    shares_weights = False
 
     def __init__(
         self, tokenizer: Any, messages: list[str], *, stop: bool = True, fail_at: int | None = None

@@ -5,8 +5,8 @@ Run: python -m pytest tests/loop/test_attribution.py
 
 from __future__ import annotations
 
-from loop.rollout import timeout_status
-from loop.trajectory import INFRA_STATUSES, Trajectory
+from loop.rollout.collect import timeout_status
+from loop.rollout.trajectory import INFRA_STATUSES, Trajectory
 
 
 def test_a_rollout_whose_cells_used_the_time_is_the_agents_and_scored() -> None:

@@ -1,4 +1,4 @@
-"""The value head and its learner step (loop/critic.py), and the KL to the adapter-disabled
+"""The value head and its learner step (loop/learner/critic.py), and the KL to the adapter-disabled
 reference: shapes, schedules and weights by hand, GAE on a sample by hand, the warm-up freezing
 the actor, no value gradient in the body by default, save and restore, and reference log-probs
 equal to the base model's.
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from loop.batch import Sample
 from loop.config import ConfigError, load_config
-from loop.critic import (
+from loop.learner.batch import Sample
+from loop.learner.critic import (
     Critic,
     ValueHead,
     assign_gae,
@@ -25,9 +25,9 @@ from loop.critic import (
     head_widths,
     value_coef,
 )
-from loop.learner import Learner
-from loop.logprobs import token_logprobs, values_from_hidden
-from loop.policy import Policy
+from loop.learner.learner import Learner
+from loop.learner.logprobs import token_logprobs, values_from_hidden
+from loop.model.policy import Policy
 from tests.loop.conftest import tiny_llama
 from tests.loop.synthetic import code_word_tokenizer, synthetic_policy
 
@@ -197,8 +197,8 @@ def test_kl_to_the_reference_is_refused_with_full_fine_tuning() -> None:
 def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
-    from loop.build import TrainParts
     from loop.generators.hf import HFGenerator
+    from loop.parts import TrainParts
     from loop.trainer import train
     from tests.loop.synthetic import NoSandboxPool, WordSuite
     from tests.loop.test_trainer import SYNTHETIC, rewards
@@ -247,7 +247,7 @@ def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    from loop.losses import clipped_value_loss
+    from loop.algo.losses import clipped_value_loss
 
     class Shapes(TorchDispatchMode):
         def __init__(self) -> None:
@@ -271,7 +271,7 @@ def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:
 
 
 def test_assign_gae_writes_each_turns_mean_advantage_to_the_credit() -> None:
-    from loop.credit import Credit
+    from loop.algo.credit import Credit
 
     sample = _two_turn_sample(1.0)
     sample.source = 0

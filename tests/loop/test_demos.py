@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from loop.agent import encode_prompt
 from loop.config import AgentConfig
 from loop.demos import (
     PAPER_OBSERVATION,
@@ -29,7 +28,8 @@ from loop.demos import (
     play,
     statements,
 )
-from loop.prompt import build_messages
+from loop.rollout.agent import encode_prompt
+from loop.rollout.prompt import build_messages
 from sandbox import KernelPool
 
 pytestmark = pytest.mark.slow

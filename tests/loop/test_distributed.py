@@ -38,10 +38,10 @@ from typing import Any
 import pytest
 import torch
 
-from loop import checkpoint, distributed
-from loop.batch import Sample
-from loop.learner import Learner
-from loop.policy import LoraSettings, Policy, _wrap_lora
+from loop.learner.batch import Sample
+from loop.learner.learner import Learner
+from loop.model import checkpoint, distributed
+from loop.model.policy import LoraSettings, Policy, _wrap_lora
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from loop import checkpoint
-from loop.batch import Sample, collate
-from loop.build import TrainParts
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
-from loop.learner import Learner
-from loop.logprobs import token_logprobs
-from loop.policy import LoraSettings, _wrap_lora
+from loop.learner.batch import Sample, collate
+from loop.learner.learner import Learner
+from loop.learner.logprobs import token_logprobs
+from loop.model import checkpoint
+from loop.model.policy import LoraSettings, _wrap_lora
+from loop.parts import TrainParts
+from loop.rollout.trajectory import Trajectory
 from loop.trainer import train
-from loop.trajectory import Trajectory
 from loop.warmstart import cache_key
 from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy
 from tests.loop.test_trainer import SYNTHETIC, rewards, run_synthetic
@@ -108,6 +108,7 @@ class ServingRecorder:
 
     def __init__(self, inner: HFGenerator) -> None:
         self.inner, self.name, self.served = inner, "recorder", []
+        self.shares_weights = False  # so the warm start hands it the adapter
 
     async def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         return await self.inner.generate(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""`loop.gae`: per-token GAE and Verlog's dual-discount GAE against numbers worked out by hand
+"""`loop.algo.gae`: per-token GAE and Verlog's dual-discount GAE against numbers worked out by hand
 (environment tokens skipped, a truncated rollout bootstrapped from V(s_{T+1}), the token and
 step discounts), and the fast recursion against the slow definition on random rollouts.
 
@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from loop.gae import compute_dual_discount_gae, compute_gae, gae_reference
+from loop.algo.gae import compute_dual_discount_gae, compute_gae, gae_reference
 
 T, F = True, False
 JUNK = 9.0  # values and rewards at environment tokens: must not leak into any advantage

@@ -16,8 +16,8 @@ import torch
 
 from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
 from loop.generators.hf import HFGenerator
-from loop.logprobs import token_logprobs
-from loop.policy import LoraSettings, Policy, load_policy
+from loop.learner.logprobs import token_logprobs
+from loop.model.policy import LoraSettings, Policy, load_policy
 from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)

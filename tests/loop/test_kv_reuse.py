@@ -19,7 +19,7 @@ from loop.generators.base import Generation, GeneratorError, SamplingParams
 from loop.generators.engine import DecoderEngine, Row, supports
 from loop.generators.hf import HFGenerator
 from loop.generators.kvcache import KVStore, common_prefix_length
-from loop.policy import LoraSettings, Policy, load_policy
+from loop.model.policy import LoraSettings, Policy, load_policy
 from tests.loop.conftest import TINY_SHAPE, TINY_VOCAB
 
 SHARED = list(range(10, 50))  # a "system prompt" every request starts with

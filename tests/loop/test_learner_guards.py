@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from loop.batch import Sample
-from loop.learner import Learner
+from loop.learner.batch import Sample
+from loop.learner.learner import Learner
 from tests.loop.synthetic import synthetic_policy
 
 

@@ -1,5 +1,5 @@
-"""`loop.logprobs`: the chunked log-prob computation against its full-logits reference, by hand,
-under padding, through peft, with tied embeddings, and its memory bound (chunks only).
+"""`loop.learner.logprobs`: the chunked log-prob computation against its full-logits reference, by
+hand, under padding, through peft, with tied embeddings, and its memory bound (chunks only).
 
 Run: python -m pytest tests/loop/test_logprobs.py -q        (the SmolLM2 test is `slow`)
 """
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from loop.logprobs import logprobs_from_hidden, token_logprobs, token_logprobs_naive
+from loop.learner.logprobs import logprobs_from_hidden, token_logprobs, token_logprobs_naive
 from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids, tiny_llama
 
 

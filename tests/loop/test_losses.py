@@ -1,5 +1,5 @@
-"""`loop.losses`: the clipped surrogate at the token, turn and trajectory levels, REINFORCE and the
-KL estimates, against numbers worked out by hand; gradients checked with autograd; the
+"""`loop.algo.losses`: the clipped surrogate at the token, turn and trajectory levels, REINFORCE and
+the KL estimates, against numbers worked out by hand; gradients checked with autograd; the
 vectorised per-turn loss against a slow loop; no NaN for padding or empty sequences.
 
 Run: python -m pytest tests/loop/test_losses.py -q
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from loop.losses import (
+from loop.algo.losses import (
     clip_value,
     clipped_objective,
     clipped_surrogate_loss,

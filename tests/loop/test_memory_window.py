@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import torch
 
-from loop.agent import run_episode
-from loop.batch import make_samples
-from loop.build import TrainParts
 from loop.config import AgentConfig, load_config
 from loop.generators.base import Generation, SamplingParams
 from loop.generators.hf import HFGenerator
-from loop.learner import Learner
+from loop.learner.batch import make_samples
+from loop.learner.learner import Learner
+from loop.parts import TrainParts
+from loop.rollout.agent import run_episode
 from loop.trainer import train
 from tests.loop.synthetic import (
     MultiTurnWordSuite,
@@ -37,6 +37,7 @@ class RecordingGenerator:
     """Answers turn k with the words w(10k+3) w(10k+4) and a stop token; records each prompt."""
 
     name = "recording"
+    shares_weights = False
 
     def __init__(self) -> None:
         self.prompts: list[list[int]] = []

@@ -9,15 +9,15 @@ import math
 
 import pytest
 
-from loop.credit import assign_credit
-from loop.metrics import (
+from loop.algo.credit import assign_credit
+from loop.rollout.trajectory import Trajectory
+from loop.run.metrics import (
     compute_metrics,
     infra_failure_problem,
     pass_at_k,
     rollout_metrics,
     scenario_goal_completion,
 )
-from loop.trajectory import Trajectory
 
 
 def traj(

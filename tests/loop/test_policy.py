@@ -1,4 +1,4 @@
-"""`loop.policy.load_policy`: local paths and aliases, dtype/device, pad token, LoRA, gradient
+"""`loop.model.policy.load_policy`: local paths and aliases, dtype/device, pad token, LoRA, gradient
 checkpointing, and one-line errors for bad inputs.
 
 Run: python -m pytest tests/loop/test_policy.py -q        (the SmolLM2 test is `slow`)
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from loop.logprobs import token_logprobs
-from loop.policy import LoraSettings, Policy, load_policy
+from loop.learner.logprobs import token_logprobs
+from loop.model.policy import LoraSettings, Policy, load_policy
 
 
 def test_loads_local_model_and_gives_tokenizer_a_pad_token(tiny_model_dir: Path) -> None:

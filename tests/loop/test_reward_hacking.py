@@ -20,9 +20,9 @@ import pytest
 from loop.config import AgentConfig
 from loop.generators.base import Generation, SamplingParams
 from loop.generators.scripted import ScriptedGenerator
-from loop.prompt import worked_example
-from loop.rollout import RolloutJob, collect_rollouts
-from loop.trajectory import Trajectory
+from loop.rollout.collect import RolloutJob, collect_rollouts
+from loop.rollout.prompt import worked_example
+from loop.rollout.trajectory import Trajectory
 from sandbox import KernelPool
 from tasks.apptown.scenario import login_cell
 

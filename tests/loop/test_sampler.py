@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from loop.sampler import TaskSampler, group_signal
+from loop.rollout.task_sampler import TaskSampler, group_signal
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ import math
 
 import pytest
 
-from loop.stats import compare, fisher_one_sided, task_bootstrap_one_sided, wilson_interval
+from loop.run.significance import (
+    compare,
+    fisher_one_sided,
+    task_bootstrap_one_sided,
+    wilson_interval,
+)
 
 
 def test_fisher_small_table_by_hand() -> None:

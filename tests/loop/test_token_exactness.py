@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import torch
 
-from loop.agent import run_episode
 from loop.config import AgentConfig
 from loop.generators.base import Generation, Generator, SamplingParams
-from loop.logprobs import token_logprobs
-from loop.models import resolve_model
-from loop.policy import Policy, load_policy
-from loop.prompt import worked_example
+from loop.learner.logprobs import token_logprobs
+from loop.model.aliases import resolve_model
+from loop.model.policy import Policy, load_policy
+from loop.rollout.agent import run_episode
+from loop.rollout.prompt import worked_example
 from sandbox import KernelPool
 from tasks import get_suite
 

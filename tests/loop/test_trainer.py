@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from loop import checkpoint, credit
+from loop.algo import credit
 from loop.checks import check_run
 from loop.config import ConfigError, load_config
-from loop.learner import Learner
-from loop.sampler import TaskSampler
+from loop.learner.learner import Learner
+from loop.model import checkpoint
+from loop.rollout.task_sampler import TaskSampler
+from loop.rollout.trajectory import Trajectory, Turn
 from loop.trainer import horizon
-from loop.trajectory import Trajectory, Turn
 from tests.loop.synthetic import (
     SYNTHETIC,
     run_synthetic,
@@ -84,7 +85,7 @@ def test_learned_critic_methods_raise_the_reward(tmp_path: Path, method: str) ->
 def test_learned_critic_with_a_sign_flipped_advantage_does_not_raise_the_reward(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, function: str
 ) -> None:
-    from loop import critic
+    from loop.learner import critic
 
     original = getattr(critic, function)
 
@@ -140,7 +141,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 import torch
 import loop.trainer as trainer
-from loop.build import TrainParts
+from loop.parts import TrainParts
 from loop.config import load_config
 from loop.generators.hf import HFGenerator
 from tests.loop.synthetic import (
@@ -316,8 +317,8 @@ def test_resuming_keeps_the_log_of_completed_iterations_only(tmp_path: Path) -> 
 
 
 def test_learner_skips_a_non_finite_step_and_counts_it() -> None:
-    from loop.batch import Sample
-    from loop.learner import NonFiniteLossError
+    from loop.learner.batch import Sample
+    from loop.learner.learner import NonFiniteLossError
 
     policy = synthetic_policy()
     learner = Learner(policy, lr=1e-3, weight_decay=0.0, minibatch_size=2, max_nan_steps=1)

@@ -24,7 +24,7 @@ import pytest_asyncio
 import torch
 
 from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
-from loop.models import resolve_model
+from loop.model.aliases import resolve_model
 from tests.loop.conftest import chat_prompt_ids
 
 pytestmark = [

@@ -1,4 +1,5 @@
-"""AppWorld through our agent and rollout code (loop/agent.py, loop/rollout.py, evaluate.py).
+"""AppWorld through our agent and rollout code (loop/rollout/agent.py, loop/rollout/collect.py,
+evaluate.py).
 
 A scripted generator stands in for the LLM: it finds the task in the prompt and replays a
 script chosen by the rollout's seed (gold, wrong or no-op), one cell per turn, so every result
@@ -24,9 +25,9 @@ import pytest
 from loop.config import AgentConfig, load_config
 from loop.evaluation import run_evaluation
 from loop.generators.base import Generation, SamplingParams
-from loop.models import resolve_model
-from loop.prompt import worked_example
-from loop.rollout import RolloutJob, collect_rollouts
+from loop.model.aliases import resolve_model
+from loop.rollout.collect import RolloutJob, collect_rollouts
+from loop.rollout.prompt import worked_example
 from tasks.appworld import AppWorldSuite
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,7 @@ class ScriptedGenerator:
     per turn; `on_turn(instruction, turn)` runs before each reply (to kill an engine)."""
 
     name = "scripted"
+    shares_weights = False
 
     def __init__(
         self,
