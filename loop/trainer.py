@@ -81,6 +81,7 @@ from loop.generators import sync
 from loop.learner.batch import Sample, learner_logprobs, make_samples
 from loop.learner.critic import assign_gae, build_critic
 from loop.learner.learner import Learner, LearnStats
+from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint, distributed
 from loop.model.policy import Policy
 from loop.parts import TrainParts
@@ -226,16 +227,7 @@ def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
 
 def build_learner(config: RunConfig, policy: Policy) -> Learner:
     """The learner with the run's optimisation settings."""
-    cfg = config.train
-    return Learner(
-        policy, lr=cfg.lr, weight_decay=cfg.weight_decay, loss=cfg.loss,
-        ratio_level=cfg.ratio_level, clip_eps=cfg.clip_eps, clip_lower=cfg.clip_lower,
-        epochs=cfg.epochs, minibatch_size=cfg.minibatch_size,
-        micro_batch_size=cfg.micro_batch_size, max_grad_norm=cfg.max_grad_norm,
-        kl_threshold=cfg.kl_threshold, max_nan_steps=cfg.max_nan_steps,
-        temperature=config.agent.temperature, logprob_chunk_size=cfg.logprob_chunk_size,
-        critic=build_critic(config, policy), kl_coef=cfg.kl_coef,
-    )  # fmt: skip
+    return Learner(policy, LearnerSettings.for_rl(config), critic=build_critic(config, policy))
 
 
 def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:

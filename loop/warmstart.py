@@ -53,6 +53,7 @@ from loop.generators import sync
 from loop.generators.scripted import Message
 from loop.learner.batch import Sample, make_sample
 from loop.learner.learner import Learner
+from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint
 from loop.model.aliases import default_cache_dir
 from loop.model.policy import Policy
@@ -193,13 +194,7 @@ async def fine_tune(
 ) -> dict[str, float]:
     """Epochs of cross-entropy steps on `demos` (resuming from the last epoch's checkpoint)."""
     warm = config.warm_start
-    learner = Learner(
-        parts.policy, lr=warm.lr, weight_decay=config.train.weight_decay, loss="cross_entropy",
-        epochs=1, minibatch_size=warm.minibatch_size,
-        micro_batch_size=min(config.train.micro_batch_size, warm.minibatch_size),
-        max_grad_norm=config.train.max_grad_norm, temperature=1.0,
-        logprob_chunk_size=config.train.logprob_chunk_size,
-    )  # fmt: skip
+    learner = Learner(parts.policy, LearnerSettings.for_warm_start(config))
     samples = [_sample(d, config.train.max_seq_len) for d in demos]
     root = out / "checkpoints"
     history: dict[str, list[float]] = {"loss": [], "dev_tgc": []}

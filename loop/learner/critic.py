@@ -48,8 +48,6 @@ class ValueHead(nn.Module):
 
     def __init__(self, hidden_size: int, widths: Sequence[int]):
         super().__init__()
-        if len(widths) != 2 or min(widths) < 1:
-            raise ValueError(f"the value head needs two hidden widths >= 1, got {list(widths)}")
         self.net = nn.Sequential(
             nn.Linear(hidden_size, widths[0]),
             nn.ReLU(),
@@ -71,9 +69,7 @@ class ValueHead(nn.Module):
 
 def head_widths(hidden_size: int, widths: Sequence[int]) -> tuple[int, int]:
     """The configured widths, or [P]'s proportions of the model's hidden size when empty."""
-    if widths:
-        if len(widths) != 2:
-            raise ValueError(f"critic.hidden_sizes: two widths, got {list(widths)}")
+    if widths:  # two widths >= 1 (loop/checks.py)
         return int(widths[0]), int(widths[1])
     return tuple(max(1, round(hidden_size * f)) for f in PAPER_WIDTH_FRACTIONS)  # type: ignore[return-value]
 

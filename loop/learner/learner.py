@@ -39,7 +39,7 @@ import random
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,6 +57,7 @@ from loop.algo.losses import (
 from loop.learner.batch import Batch, Sample, collate
 from loop.learner.critic import Critic, first_token_weights
 from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
+from loop.learner.settings import LearnerSettings
 from loop.learner.stats import LearnStats, Losses, parity_stats, record_extras
 from loop.model import distributed
 from loop.model.policy import Policy
@@ -70,45 +71,18 @@ class Learner:
     """Optimizer, schedule and the gradient steps of LOOP over one policy model."""
 
     def __init__(
-        self,
-        policy: Policy,
-        *,
-        lr: float,
-        weight_decay: float,
-        loss: Literal["ppo", "reinforce", "cross_entropy"] = "ppo",
-        ratio_level: Literal["token", "turn", "trajectory"] = "token",
-        clip_eps: float = 0.1,
-        clip_lower: Literal["reciprocal", "symmetric"] = "reciprocal",
-        epochs: int = 2,
-        minibatch_size: int = 32,
-        micro_batch_size: int = 1,
-        max_grad_norm: float = 0.1,
-        kl_threshold: float = 20.0,
-        max_nan_steps: int = 20,
-        temperature: float = 1.0,
-        logprob_chunk_size: int = 1024,
-        critic: Critic | None = None,
-        kl_coef: float = 0.0,
-    ):
+        self, policy: Policy, settings: LearnerSettings, *, critic: Critic | None = None
+    ) -> None:
         self.policy = policy
         self.model = policy.model
-        self.loss, self.ratio_level = loss, ratio_level
-        self.clip_eps, self.clip_lower = clip_eps, clip_lower
-        self.epochs, self.minibatch_size = epochs, minibatch_size
-        self.micro_batch_size = micro_batch_size
-        self.max_grad_norm, self.kl_threshold = max_grad_norm, kl_threshold
-        self.max_nan_steps, self.temperature = max_nan_steps, temperature
-        self.chunk_size = logprob_chunk_size
-        self.critic, self.kl_coef = critic, kl_coef
-        if kl_coef > 0 and not policy.is_lora:
-            raise ValueError("train.kl_coef > 0 needs a LoRA policy (the reference is the base)")
-        self.iteration = 0  # set by learn(): the critic's schedules depend on it
+        self.settings = settings
+        self.critic = critic
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters")
         fused = policy.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=lr, weight_decay=weight_decay, fused=fused or None
+            self.params, lr=settings.lr, weight_decay=settings.weight_decay, fused=fused or None
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
         self.global_step = 0
@@ -122,12 +96,12 @@ class Learner:
         was_training = self.model.training
         self.model.eval()
         try:
-            for chunk in _chunks(list(samples), self.micro_batch_size):
+            for chunk in _chunks(list(samples), self.settings.micro_batch_size):
                 batch = self._collate(chunk)
                 hidden = self._hidden(batch)
                 logprobs = self._logprobs(batch, hidden).float().cpu()
                 values = self._values(hidden).cpu() if self.critic is not None else None
-                reference = self._reference_logprobs(batch) if self.kl_coef > 0 else None
+                reference = self._reference_logprobs(batch) if self.settings.kl_coef > 0 else None
                 for row, sample in enumerate(chunk):
                     n = len(sample.tokens)
                     sample.old_logprobs = logprobs[row, :n].clone()
@@ -154,19 +128,18 @@ class Learner:
         `minibatch_size` (global, in rollouts) replaces the learner's for this call (strictly
         on-policy mode: one minibatch of everything); `on_step` is called after every step.
         """
-        size = self.minibatch_size if minibatch_size is None else minibatch_size
-        self.iteration = iteration
+        size = self.settings.minibatch_size if minibatch_size is None else minibatch_size
         stats = LearnStats()
         if self.critic is not None:
             stats.value_coef = self.critic.coef_at(iteration)
             stats.actor_frozen = self.critic.actor_frozen(iteration)
-        if self.loss == "ppo" and any(s.old_logprobs is None for s in samples):
+        if self.settings.loss == "ppo" and any(s.old_logprobs is None for s in samples):
             raise ValueError("learn() needs old log-probs: call recompute_old_logprobs first")
         self.model.train()
         rng = random.Random(seed)
         order = list(range(len(samples)))
         minibatch = self.local_minibatch_size(size)
-        for _epoch in range(self.epochs):
+        for _epoch in range(self.settings.epochs):
             rng.shuffle(order)
             for start in range(0, len(order), minibatch):
                 chunk = [samples[i] for i in order[start : start + minibatch]]
@@ -182,7 +155,7 @@ class Learner:
 
     def local_minibatch_size(self, minibatch_size: int | None = None) -> int:
         """This process's share of a minibatch (the rollouts are sharded equally)."""
-        size = self.minibatch_size if minibatch_size is None else minibatch_size
+        size = self.settings.minibatch_size if minibatch_size is None else minibatch_size
         world = distributed.world_size()
         if size % world:
             raise ValueError(
@@ -202,9 +175,10 @@ class Learner:
         self._zero_grad()
         scale = distributed.world_size() / minibatch_size
         loss_sum, clipped, units, tokens, log_ratio_sums = 0.0, 0.0, 0, 0, []
-        for chunk in _chunks(minibatch, self.micro_batch_size):
+        for chunk in _chunks(minibatch, self.settings.micro_batch_size):
             batch = self._collate(chunk)
-            losses = self._losses(batch)
+            value_coef = stats.value_coef or 0.0
+            losses = self._losses(batch, frozen=stats.actor_frozen, value_coef=value_coef)
             (losses.total.sum() * scale).backward()
             if not math.isfinite(float(losses.total.detach().sum())):
                 loss_sum = math.nan
@@ -230,11 +204,11 @@ class Learner:
             kl = kl_estimates(distributed.all_gather_cat(torch.cat(log_ratio_sums)))
             stats.kl_k1.append(float(kl.k1))
             stats.kl_k3.append(float(kl.k3))
-            if abs(float(kl.k1)) > self.kl_threshold:
+            if abs(float(kl.k1)) > self.settings.kl_threshold:
                 self._zero_grad()
                 stats.skipped_high_kl += 1
                 return False
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if not math.isfinite(grad_norm):  # a finite loss can still give inf/NaN gradients:
                 return self._skip_non_finite(stats)  # AdamW would write NaN into the weights
@@ -256,20 +230,19 @@ class Learner:
         self._zero_grad()
         stats.skipped_nan += 1
         self.nan_steps_total += 1
-        if self.nan_steps_total > self.max_nan_steps:
+        if self.nan_steps_total > self.settings.max_nan_steps:
             raise NonFiniteLossError(
                 f"{self.nan_steps_total} non-finite losses or gradient norms (train.max_nan_steps="
-                f"{self.max_nan_steps}): check the learning rate and the log-prob parity"
+                f"{self.settings.max_nan_steps}): check the learning rate and the log-prob parity"
             )
         return False
 
-    def _losses(self, batch: Batch, *, warm_up: bool | None = None) -> Losses:
+    def _losses(self, batch: Batch, *, frozen: bool, value_coef: float) -> Losses:
         """Policy loss, plus the value loss and the KL to the reference when they are on.
 
-        warm_up: the actor frozen (no policy loss); None: as the critic's schedule says.
+        frozen: the actor is frozen (the critic's warm-up: no policy loss); value_coef: the
+        value loss's weight this iteration (both from the critic's schedule, read by `learn`).
         """
-        frozen = self.critic is not None and self.critic.actor_frozen(self.iteration)
-        frozen = frozen if warm_up is None else warm_up
         if frozen:  # no gradient reaches the body: run it without building a graph
             with torch.no_grad():
                 hidden = self._hidden(batch)
@@ -281,14 +254,14 @@ class Learner:
             logprobs = self._logprobs(batch, hidden)
             policy = self._policy_loss(batch, logprobs)
             total = total + policy.loss
-            if self.kl_coef > 0:
+            if self.settings.kl_coef > 0:
                 if batch.ref_logprobs is None:
                     raise ValueError("kl_coef > 0 needs reference log-probs: run the recompute")
                 kl_ref = kl_penalty(logprobs, batch.ref_logprobs, batch.is_output)
-                total = total + self.kl_coef * kl_ref
+                total = total + self.settings.kl_coef * kl_ref
         if self.critic is not None:
             value = self._value_loss(batch, hidden)
-            total = total + self.critic.coef_at(self.iteration) * value.loss
+            total = total + value_coef * value.loss
         return Losses(total, policy, value, kl_ref)
 
     def _value_loss(self, batch: Batch, hidden: Tensor) -> ValueLoss:
@@ -306,21 +279,19 @@ class Learner:
     def _policy_loss(self, batch: Batch, logprobs: Tensor | None = None) -> PolicyLoss:
         if logprobs is None:
             logprobs = self._logprobs(batch, self._hidden(batch))
-        mask = batch.is_output
-        if self.loss == "cross_entropy":
+        mask, s = batch.is_output, self.settings
+        if s.loss == "cross_entropy":
             return cross_entropy_loss(logprobs, mask, old_logprobs=batch.old_logprobs)
-        if self.loss == "reinforce":
-            if self.ratio_level == "turn":
-                raise ValueError("the REINFORCE loss has no per-turn form: use token or trajectory")
+        if s.loss == "reinforce":
+            assert s.ratio_level != "turn", "no per-turn REINFORCE (loop/checks.py refuses it)"
             return reinforce_loss(  # old log-probs only feed k1/k3 and the high-KL stop
-                logprobs, batch.advantages, mask, level=self.ratio_level,
+                logprobs, batch.advantages, mask, level=s.ratio_level,
                 old_logprobs=batch.old_logprobs,
             )  # fmt: skip
         assert batch.old_logprobs is not None
         return clipped_surrogate_loss(
-            logprobs, batch.old_logprobs, batch.advantages, mask,
-            clip_eps=self.clip_eps, lower=self.clip_lower, level=self.ratio_level,
-            turn_ids=batch.turn_ids,
+            logprobs, batch.old_logprobs, batch.advantages, mask, clip_eps=s.clip_eps,
+            lower=s.clip_lower, level=s.ratio_level, turn_ids=batch.turn_ids,
         )  # fmt: skip
 
     # -- the memory stress test ----------------------------------------------------------------
@@ -341,12 +312,14 @@ class Learner:
         )  # fmt: skip
         if self.critic is not None:
             sample.old_values, sample.returns = torch.zeros(seq_len), torch.ones(seq_len)
-        if self.kl_coef > 0:
+        if self.settings.kl_coef > 0:
             sample.ref_logprobs = torch.zeros(seq_len)
         self.model.train()
         self._zero_grad()
         try:
-            out = self._losses(self._collate([sample]), warm_up=False)  # every term: the peak
+            value_coef = self.critic.coef_at(0) if self.critic is not None else 0.0
+            batch = self._collate([sample])
+            out = self._losses(batch, frozen=False, value_coef=value_coef)  # every term: the peak
             out.total.sum().backward()
             return float(out.total.detach().sum())
         finally:
@@ -388,14 +361,16 @@ class Learner:
 
     def _logprobs(self, batch: Batch, hidden: Tensor) -> Tensor:
         return logprobs_from_hidden(
-            self.model, hidden, batch.input_ids, chunk_size=self.chunk_size,
-            temperature=self.temperature, positions=batch.is_output,
+            self.model, hidden, batch.input_ids, chunk_size=self.settings.logprob_chunk_size,
+            temperature=self.settings.temperature, positions=batch.is_output,
         )  # fmt: skip
 
     def _values(self, hidden: Tensor) -> Tensor:
         assert self.critic is not None
         source = hidden if self.critic.grad_to_body else hidden.detach()
-        values = values_from_hidden(self.critic.head, source, chunk_size=self.chunk_size)
+        values = values_from_hidden(
+            self.critic.head, source, chunk_size=self.settings.logprob_chunk_size
+        )
         return self.critic.clamp(values)
 
     def _reference_logprobs(self, batch: Batch) -> Tensor:

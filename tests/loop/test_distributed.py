@@ -40,6 +40,7 @@ import torch
 
 from loop.learner.batch import Sample
 from loop.learner.learner import Learner
+from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint, distributed
 from loop.model.policy import LoraSettings, Policy, _wrap_lora
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
@@ -114,10 +115,17 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
     policy = make_policy(case)
     distributed.shard_model(policy.model)
     learner = Learner(
-        policy, lr=LR, weight_decay=0.01, loss=case.loss, epochs=1,
-        minibatch_size=len(LENGTHS), micro_batch_size=case.micro_batch_size,
-        max_grad_norm=MAX_GRAD_NORM,
-    )  # fmt: skip
+        policy,
+        LearnerSettings(
+            lr=LR,
+            weight_decay=0.01,
+            loss=case.loss,
+            epochs=1,
+            minibatch_size=len(LENGTHS),
+            micro_batch_size=case.micro_batch_size,
+            max_grad_norm=MAX_GRAD_NORM,
+        ),
+    )
     # The trainer's sharding: an equal share of the rollouts per process.
     samples = make_samples()[distributed.rank() :: distributed.world_size()]
     learner.recompute_old_logprobs(samples)
@@ -169,7 +177,7 @@ def _exp_avgs(optimizer_state: dict[str, Any], names: list[str]) -> dict[str, to
 def _optimizer_roundtrip(policy: Policy, state: dict[str, Any], names: list[str]) -> float:
     """Resume: every rank loads the full state into a new learner; the largest change."""
     full = distributed.broadcast_object(state)
-    fresh = Learner(policy, lr=LR, weight_decay=0.01).optimizer
+    fresh = Learner(policy, LearnerSettings(lr=LR, weight_decay=0.01)).optimizer
     distributed.load_optimizer_state_dict(policy.model, fresh, full)
     again = distributed.optimizer_state_dict(policy.model, fresh)
     if not distributed.is_main():
@@ -190,7 +198,7 @@ def count_steps() -> int:
     """Optimizer steps of one epoch over 8 rollouts in global minibatches of 4 (2 expected)."""
     policy = make_policy(CASES[0])
     distributed.shard_model(policy.model)
-    learner = Learner(policy, lr=LR, weight_decay=0.0, epochs=1, minibatch_size=4)
+    learner = Learner(policy, LearnerSettings(lr=LR, weight_decay=0.0, epochs=1, minibatch_size=4))
     samples = (make_samples() * 2)[distributed.rank() :: distributed.world_size()]
     learner.recompute_old_logprobs(samples)
     return learner.learn(samples, seed=0).optimizer_steps

@@ -28,6 +28,7 @@ from loop.generators.hf import HFGenerator
 from loop.learner.batch import Sample, collate
 from loop.learner.learner import Learner
 from loop.learner.logprobs import token_logprobs
+from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint
 from loop.model.policy import LoraSettings, _wrap_lora
 from loop.parts import TrainParts
@@ -52,7 +53,10 @@ def demo_sample(seed: int) -> Sample:
 def test_the_sft_loss_is_the_output_tokens_nll_and_falls() -> None:
     policy = synthetic_policy()
     learner = Learner(
-        policy, lr=3e-3, weight_decay=0.0, loss="cross_entropy", epochs=1, minibatch_size=2
+        policy,
+        LearnerSettings(
+            lr=3e-3, weight_decay=0.0, loss="cross_entropy", epochs=1, minibatch_size=2
+        ),
     )
     samples = [demo_sample(0), demo_sample(1)]
     batch = collate(samples, pad_id=2, device=torch.device("cpu"))

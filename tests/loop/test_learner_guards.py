@@ -9,6 +9,7 @@ import torch
 
 from loop.learner.batch import Sample
 from loop.learner.learner import Learner
+from loop.learner.settings import LearnerSettings
 from tests.loop.synthetic import synthetic_policy
 
 
@@ -24,7 +25,9 @@ def sample(old_logprobs: torch.Tensor) -> Sample:
 
 def test_a_non_finite_gradient_norm_after_a_finite_loss_skips_the_step() -> None:
     policy = synthetic_policy()
-    learner = Learner(policy, lr=1e-3, weight_decay=0.0, minibatch_size=1, kl_threshold=1e9)
+    learner = Learner(
+        policy, LearnerSettings(lr=1e-3, weight_decay=0.0, minibatch_size=1, kl_threshold=1e9)
+    )
     first = next(p for p in policy.model.parameters() if p.requires_grad)
     first.register_hook(lambda grad: grad * float("inf"))  # the loss stays finite
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
@@ -37,12 +40,16 @@ def test_a_non_finite_gradient_norm_after_a_finite_loss_skips_the_step() -> None
 def test_reinforce_measures_the_kl_to_the_old_policy_and_stops_on_it() -> None:
     policy = synthetic_policy()
     # Old log-probs of 0 (probability 1) make every ratio p < 1: k1 = -mean(sum log r) > 0.
-    learner = Learner(policy, lr=1e-3, weight_decay=0.0, minibatch_size=1, loss="reinforce")
+    learner = Learner(
+        policy, LearnerSettings(lr=1e-3, weight_decay=0.0, minibatch_size=1, loss="reinforce")
+    )
     stats = learner.learn([sample(torch.zeros(10))], seed=0)
     assert stats.kl_k1[0] > 0 and stats.kl_k3[0] > 0, stats
     strict = Learner(
-        synthetic_policy(), lr=1e-3, weight_decay=0.0, minibatch_size=1, loss="reinforce",
-        kl_threshold=1e-6,
-    )  # fmt: skip
+        synthetic_policy(),
+        LearnerSettings(
+            lr=1e-3, weight_decay=0.0, minibatch_size=1, loss="reinforce", kl_threshold=1e-6
+        ),
+    )
     stats = strict.learn([sample(torch.zeros(10))], seed=0)
     assert stats.skipped_high_kl == 1 and stats.optimizer_steps == 0, stats

@@ -22,6 +22,7 @@ from loop.generators.base import Generation, SamplingParams
 from loop.generators.hf import HFGenerator
 from loop.learner.batch import make_samples
 from loop.learner.learner import Learner
+from loop.learner.settings import LearnerSettings
 from loop.parts import TrainParts
 from loop.rollout.agent import run_episode
 from loop.trainer import train
@@ -110,7 +111,7 @@ def test_each_turn_is_a_sample_whose_learner_log_probs_match_the_sampler() -> No
         assert sample.positions[sample.is_output].tolist() == list(
             range(turn.output_start, turn.output_end)
         )
-    learner = Learner(policy, lr=1e-3, weight_decay=0.0)
+    learner = Learner(policy, LearnerSettings(lr=1e-3, weight_decay=0.0))
     stats = learner.recompute_old_logprobs(samples)
     assert stats["recompute/tokens"] == sum(traj.is_output)
     assert stats["recompute/abs_logprob_diff_max"] < 1e-4, stats

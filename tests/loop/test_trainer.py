@@ -27,6 +27,7 @@ from loop.algo import credit
 from loop.checks import check_run
 from loop.config import ConfigError, load_config
 from loop.learner.learner import Learner
+from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint
 from loop.rollout.task_sampler import TaskSampler
 from loop.rollout.trajectory import Trajectory, Turn
@@ -286,7 +287,7 @@ def test_learner_kl_guard_skips_the_rest_of_the_iteration(tmp_path: Path) -> Non
 
 def test_stress_test_runs_forward_and_backward_of_the_longest_rollout() -> None:
     policy = synthetic_policy()
-    learner = Learner(policy, lr=1e-3, weight_decay=0.0)
+    learner = Learner(policy, LearnerSettings(lr=1e-3, weight_decay=0.0))
     loss = learner.stress_test(256)
     assert torch.isfinite(torch.tensor(loss))
     assert all(p.grad is None for p in policy.model.parameters())  # nothing left behind
@@ -321,7 +322,9 @@ def test_learner_skips_a_non_finite_step_and_counts_it() -> None:
     from loop.learner.learner import NonFiniteLossError
 
     policy = synthetic_policy()
-    learner = Learner(policy, lr=1e-3, weight_decay=0.0, minibatch_size=2, max_nan_steps=1)
+    learner = Learner(
+        policy, LearnerSettings(lr=1e-3, weight_decay=0.0, minibatch_size=2, max_nan_steps=1)
+    )
     tokens = torch.arange(3, 13)
     is_output = torch.zeros(10, dtype=torch.bool)
     is_output[6:] = True
