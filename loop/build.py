@@ -17,9 +17,11 @@ from typing import Any
 
 from loop.config import ConfigError, RunConfig
 from loop.generators.base import Generator, GeneratorError
+from loop.generators.tokenizer import Tokenizer
 from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, Policy
 from loop.parts import TrainParts
+from loop.rollout.collect import SandboxPool
 from sandbox import KernelPool, Limits
 from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
 
@@ -30,7 +32,7 @@ class EvalParts:
 
     suite: TaskSuite
     generator: Generator
-    tokenizer: Any
+    tokenizer: Tokenizer
     pool: KernelPool
 
 
@@ -170,8 +172,8 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     distributed.shard_model(policy.model)  # FSDP2 with several processes; else nothing
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
-    generator: Any = _IdleGenerator()
-    pool: Any = contextlib.nullcontext(None)
+    generator: Generator = _IdleGenerator()
+    pool: contextlib.AbstractContextManager[SandboxPool] = contextlib.nullcontext(_IdlePool())
     if distributed.is_main():
         generator = _training_generator(config, policy, lora)
         pool = build_pool(config, size=size)
@@ -241,6 +243,16 @@ class _IdleGenerator:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+class _IdlePool:
+    """The sandbox pool of a learner process other than rank 0, which never collects."""
+
+    async def acquire_async(self) -> Any:
+        raise RuntimeError("only the rank-0 process runs sandboxes")
+
+    async def release_async(self, sandbox: Any) -> None:
+        """Nothing was acquired."""
 
 
 def _close(generator: Generator) -> None:

@@ -31,6 +31,7 @@ from loop.config_types import (
     TrainConfig,
     WarmStartConfig,
     describe,
+    one_line,
 )
 
 __all__ = [
@@ -64,7 +65,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
+        raise ConfigError(f"{path}: not valid YAML ({one_line(exc)})") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     base = loaded.pop("base", None)
@@ -144,7 +145,3 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     ):
         raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
     return value
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -20,6 +20,19 @@ class ConfigError(ValueError):
     """A configuration problem, stated in one line that names the key."""
 
 
+def one_line(exc: BaseException, *, typed: bool = False) -> str:
+    """An exception in one line for a one-line error: its message's first line (looking
+    through wrappers with no message of their own, such as vLLM's), prefixed by its type when
+    `typed`; its type alone when it has no message."""
+    while not str(exc).strip() and exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    first = text.splitlines()[0]
+    return f"{type(exc).__name__}: {first}" if typed else first
+
+
 def doc(default: Any, text: str) -> Any:
     """A field with `default` and its one-line doc (shown by `--help-config`)."""
     return dataclasses.field(default=default, metadata={"doc": text})

@@ -21,7 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loop.config import RunConfig
+from loop.config import AgentConfig, RunConfig
 from loop.generators.base import Generator
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
@@ -45,7 +45,7 @@ def eval_jobs(tasks: list[Task], rollouts_per_task: int, seed: int) -> list[Roll
     ]
 
 
-def eval_agent_settings(config: Any) -> Any:
+def eval_agent_settings(config: RunConfig) -> AgentConfig:
     """The agent settings evaluation runs with: `agent`, with eval.temperature and
     eval.max_turns where they are set (the paper evaluates with 50 turns, trains with 40)."""
     changes: dict[str, Any] = {}

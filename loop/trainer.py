@@ -69,7 +69,6 @@ import math
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,7 +88,7 @@ from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import prompt_example
 from loop.rollout.task_sampler import TaskSampler, group_signal
 from loop.rollout.trajectory import Trajectory
-from loop.run.metrics import infra_failure_problem, rollout_metrics
+from loop.run.metrics import infra_failure_problem, iteration_metrics
 from loop.run.report import learning_report
 from loop.run.rundir import RunDir, write_config
 from loop.run.runlog import RunLog, summary_line, write_rollouts
@@ -116,27 +115,27 @@ def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -
 
 
 async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> dict[str, float]:
-    cfg, run_dir = config.train, config.run_dir
+    cfg, run = config.train, RunDir(config.run_dir)  # the run directory, built once
     sampler = TaskSampler(
         training_tasks(parts.suite, cfg), seed=config.seed,
         no_signal_draw_prob=cfg.no_signal_draw_prob, stratify=cfg.stratify,
     )  # fmt: skip
     learner = build_learner(config, parts.policy)
-    start = resume(run_dir, parts.policy, learner, sampler)
+    start = resume(run, parts.policy, learner, sampler)
     if start > 0:
-        sync_weights(parts, run_dir, start - 1)
-    runlog = open_run(config, run_dir, start) if distributed.is_main() else None
+        sync_weights(parts, run, start - 1)
+    runlog = open_run(config, run, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
         stress_test(learner, cfg.max_seq_len)
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
-    metrics = await prepare_policy(config, parts, show_progress) if start == 0 else {}
+    metrics = await prepare_policy(config, parts, run, show_progress) if start == 0 else {}
     for iteration in range(start, cfg.iterations):
         started = time.monotonic()
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
         metrics = {"horizon/max_turns": max_turns} | (metrics if iteration == 0 else {})
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
         if cfg.eval_every and iteration % cfg.eval_every == 0:
-            metrics |= await evaluate_during_training(config, parts, iteration, show_progress)
+            metrics |= await evaluate_during_training(config, parts, run, iteration, show_progress)
         # 1. Sample tasks (seeded, without replacement, reshuffled when exhausted).
         tasks = sampler.draw(cfg.tasks_per_iteration)
         # 2. K rollouts per task, concurrently, until the straggler cut-off.
@@ -152,7 +151,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
             return_threshold=cfg.return_threshold,
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
-        metrics |= rollout_metrics(groups, credit, discarded, samples, kept)
+        metrics |= iteration_metrics(groups, credit, discarded, samples, kept)
         if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
             raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
@@ -166,18 +165,18 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}
         # 6. Push the new weights to the generator (a LoRA adapter for vLLM; nothing for hf).
         t_sync = time.monotonic()
-        sync_weights(parts, run_dir, iteration)
+        sync_weights(parts, run, iteration)
         metrics["time/sync_s"] = time.monotonic() - t_sync
         # 7. Log, save the rollouts, checkpoint.
         metrics |= throughput(metrics, groups, stats, time.monotonic() - started)
         if runlog is not None:
-            record_iteration(runlog, config, iteration, metrics, groups, credit, kept, samples)
+            record_iteration(runlog, config, run, iteration, metrics, groups, credit, kept, samples)
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
-            save(run_dir, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
+            save(run, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
     final: dict[str, float] = {}
     if cfg.eval_every and (start < cfg.iterations or cfg.iterations == 0):
-        final = await evaluate_during_training(config, parts, cfg.iterations, show_progress)
+        final = await evaluate_during_training(config, parts, run, cfg.iterations, show_progress)
     if cfg.iterations == 0:
         final = metrics | final  # no iteration logged the warm start's numbers
     if runlog is not None and final:
@@ -185,17 +184,17 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     metrics |= final
     if runlog is not None:
         runlog.close()
-        print(learning_report(config.run_dir), file=sys.stderr)
+        print(learning_report(run.path), file=sys.stderr)
     return metrics
 
 
 async def prepare_policy(
-    config: RunConfig, parts: TrainParts, show_progress: bool
+    config: RunConfig, parts: TrainParts, run: RunDir, show_progress: bool
 ) -> dict[str, float]:
     """Step W: load `model.init_adapter`, then run (or load) the configured warm start."""
     if config.model.init_adapter is not None:
         load_init_adapter(config, parts.policy)
-        sync_weights(parts, config.run_dir, -1)
+        sync_weights(parts, run, -1)
     if config.warm_start.source == "none":
         return {}
     return await warm_start(config, parts, show_progress=show_progress)
@@ -237,9 +236,9 @@ def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
     return min(max_turns, cfg.horizon_start + cfg.horizon_step * (iteration // cfg.horizon_every))
 
 
-def resume(run_dir: Path, policy: Policy, learner: Learner, sampler: TaskSampler) -> int:
+def resume(run: RunDir, policy: Policy, learner: Learner, sampler: TaskSampler) -> int:
     """Load the newest complete checkpoint, if any; returns the iteration to start from."""
-    latest = checkpoint.latest_checkpoint(RunDir(run_dir).checkpoints)
+    latest = checkpoint.latest_checkpoint(run.checkpoints)
     if latest is None:
         return 0
     state = checkpoint.load_state(latest)
@@ -251,12 +250,12 @@ def resume(run_dir: Path, policy: Policy, learner: Learner, sampler: TaskSampler
     return int(state["iteration"])
 
 
-def open_run(config: RunConfig, run_dir: Path, start: int) -> RunLog:
+def open_run(config: RunConfig, run: RunDir, start: int) -> RunLog:
     """Write the resolved config and open the run log (keeping the completed iterations' lines)."""
-    write_config(run_dir, config.to_dict())
-    RunDir(run_dir).keep_metrics_before(start)
+    write_config(run.path, config.to_dict())
+    run.keep_metrics_before(start)
     return RunLog(
-        run_dir, tensorboard=config.train.tensorboard,
+        run, tensorboard=config.train.tensorboard,
         wandb_project=config.train.wandb_project, config=config.to_dict(),
     )  # fmt: skip
 
@@ -277,7 +276,7 @@ def stress_test(learner: Learner, seq_len: int) -> None:
 
 
 async def evaluate_during_training(
-    config: RunConfig, parts: TrainParts, iteration: int, show_progress: bool
+    config: RunConfig, parts: TrainParts, run: RunDir, iteration: int, show_progress: bool
 ) -> dict[str, float]:
     """evaluate.py's evaluation of eval.split (`eval/*`) and of each of eval.more_splits
     (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/."""
@@ -286,7 +285,7 @@ async def evaluate_during_training(
     started = time.monotonic()
     metrics: dict[str, float] = {}
     for split in [config.eval.split, *config.eval.more_splits]:
-        out_dir = RunDir(config.run_dir).eval_dir(split, iteration)
+        out_dir = run.eval_dir(split, iteration)
         scores = await run_evaluation(
             config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
             tokenizer=parts.tokenizer, out_dir=out_dir, show_progress=show_progress,
@@ -402,9 +401,9 @@ def learn(
         progress.close()
 
 
-def sync_weights(parts: TrainParts, run_dir: Path, iteration: int) -> None:
+def sync_weights(parts: TrainParts, run: RunDir, iteration: int) -> None:
     """Hand the new weights to the generator (the hf generator already samples from them)."""
-    sync.publish_weights(parts.policy, parts.generator, RunDir(run_dir).adapter_sync(iteration + 1))
+    sync.publish_weights(parts.policy, parts.generator, run.adapter_sync(iteration + 1))
 
 
 def throughput(
@@ -421,25 +420,27 @@ def throughput(
 
 
 def record_iteration(
-    runlog: RunLog, config: RunConfig, iteration: int, metrics: dict[str, float],
+    runlog: RunLog, config: RunConfig, run: RunDir, iteration: int, metrics: dict[str, float],
     groups: list[list[Trajectory]], credit: Credit, kept: list[bool], samples: list[Sample],
 ) -> None:  # fmt: skip
     """metrics.jsonl/TensorBoard, the one-line summary, and rollouts/iter-N.jsonl.gz."""
     runlog.log(iteration, metrics)
     print(summary_line(iteration, config.train.iterations, metrics), file=sys.stderr, flush=True)
     if config.train.save_rollouts:
-        path = RunDir(config.run_dir).rollouts(iteration)
+        path = run.rollouts(iteration)
         flat = [traj for group in groups for traj in group]
         recomputed = learner_logprobs(samples, [len(traj.tokens) for traj in flat])
-        write_rollouts(path, flat, iteration, config.train.split, credit, kept, recomputed)
+        write_rollouts(
+            path, flat, iteration, config.train.split, credit.turn_advantages, kept, recomputed
+        )
 
 
 def save(
-    run_dir: Path, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler, keep: int
+    run: RunDir, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler, keep: int
 ) -> None:
     """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes)."""
     state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
-    checkpoint.save_checkpoint(RunDir(run_dir).checkpoints, iteration, policy.model, state, keep)
+    checkpoint.save_checkpoint(run.checkpoints, iteration, policy.model, state, keep)
 
 
 def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:

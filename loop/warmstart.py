@@ -61,9 +61,9 @@ from loop.parts import TrainParts
 from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import prompt_example
 from loop.rollout.trajectory import Trajectory
+from loop.run.rundir import ADAPTER, RunDir, WarmStartDir, iter_name
 from loop.seeds import minibatch_seed, rft_seed
 
-ADAPTER = "adapter"
 INFO = "info.json"
 
 
@@ -73,7 +73,7 @@ async def warm_start(
     """Fine-tune `parts.policy` as configured, or load the cached result; `warm_start/*` metrics."""
     started = time.monotonic()
     warm = config.warm_start
-    out = config.run_dir / "warm_start"
+    out = RunDir(config.run_dir).warm_start
     key = cache_key(config, None) if warm.source == "rft" else None
     cached = _cached(key) if key and warm.cache else None
     demos: list[Trajectory] = []
@@ -83,16 +83,16 @@ async def warm_start(
         cached = _cached(key) if warm.cache else None
     if cached is not None:
         checkpoint.load_weights(parts.policy.model, cached)
-        _publish(cached / ADAPTER, out / ADAPTER)
-        sync.serve_adapter(parts.generator, out / ADAPTER)
+        _publish(cached / ADAPTER, out.adapter)
+        sync.serve_adapter(parts.generator, out.adapter)
         info = json.loads((cached / INFO).read_text())
         print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
         metrics = {f"warm_start/{k}": v for k, v in info["metrics"].items()}
         return metrics | {"warm_start/cached": 1.0, "time/warm_start_s": time.monotonic() - started}
     assert key is not None
     metrics = await fine_tune(config, parts, demos, out, show_progress)
-    checkpoint.save_weights(parts.policy.model, out / ADAPTER)
-    sync.serve_adapter(parts.generator, out / ADAPTER)
+    checkpoint.save_weights(parts.policy.model, out.adapter)
+    sync.serve_adapter(parts.generator, out.adapter)
     summary = (
         f"{len(demos)} demonstrations ({warm.source}), {warm.epochs} epochs: loss "
         f"{metrics['loss_first_epoch']:.3f} -> {metrics['loss_last_epoch']:.3f}, "
@@ -101,12 +101,12 @@ async def warm_start(
     if warm.cache:
         _store(
             key,
-            out / ADAPTER,
+            out.adapter,
             {"summary": summary, "metrics": metrics, "config": _settings(config)},
         )
     elapsed = time.monotonic() - started
     print(
-        f"warm start: {summary}, {elapsed / 60:.1f} min; adapter in {out / ADAPTER}",
+        f"warm start: {summary}, {elapsed / 60:.1f} min; adapter in {out.adapter}",
         file=sys.stderr,
     )
     return {f"warm_start/{k}": v for k, v in metrics.items()} | {
@@ -190,13 +190,17 @@ async def rejection_sample(
 
 
 async def fine_tune(
-    config: RunConfig, parts: TrainParts, demos: list[Trajectory], out: Path, show_progress: bool
+    config: RunConfig,
+    parts: TrainParts,
+    demos: list[Trajectory],
+    out: WarmStartDir,
+    show_progress: bool,
 ) -> dict[str, float]:
     """Epochs of cross-entropy steps on `demos` (resuming from the last epoch's checkpoint)."""
     warm = config.warm_start
     learner = Learner(parts.policy, LearnerSettings.for_warm_start(config))
     samples = [_sample(d, config.train.max_seq_len) for d in demos]
-    root = out / "checkpoints"
+    root = out.checkpoints
     history: dict[str, list[float]] = {"loss": [], "dev_tgc": []}
     first = 0
     latest = checkpoint.latest_checkpoint(root)
@@ -221,10 +225,10 @@ async def fine_tune(
             progress.close()
         history["loss"].append(stats.metrics()["loss/policy"])
         if warm.select == "dev":
-            sync.publish_weights(parts.policy, parts.generator, out / "adapter-sync")
+            sync.publish_weights(parts.policy, parts.generator, out.adapter_sync)
             scores = await run_evaluation(
                 config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-                tokenizer=parts.tokenizer, out_dir=out / "eval" / f"epoch-{epoch + 1}",
+                tokenizer=parts.tokenizer, out_dir=out.eval_dir(epoch + 1),
                 show_progress=show_progress,
             )  # fmt: skip
             history["dev_tgc"].append(scores["eval/tgc"])
@@ -238,7 +242,7 @@ async def fine_tune(
     selected = warm.epochs
     if warm.select == "dev":
         selected = 1 + max(range(warm.epochs), key=lambda e: (history["dev_tgc"][e], e))
-        checkpoint.load_weights(parts.policy.model, root / f"iter-{selected}")
+        checkpoint.load_weights(parts.policy.model, root / iter_name(selected))
     metrics = {
         "demonstrations": float(len(demos)),
         "demo_tokens": float(sum(len(d.tokens) for d in demos)),
@@ -264,7 +268,7 @@ def cache_key(config: RunConfig, demos: list[Trajectory] | None) -> str:
 def load_init_adapter(config: RunConfig, policy: Policy) -> None:
     """`model.init_adapter`: start from a PEFT adapter directory (or a checkpoint holding one)."""
     path = Path(str(config.model.init_adapter)).expanduser()
-    adapter = path if (path / checkpoint.ADAPTER_FILE).is_file() else path / "adapter"
+    adapter = path if (path / checkpoint.ADAPTER_FILE).is_file() else path / ADAPTER
     try:
         checkpoint.load_adapter(policy.model, adapter)
     except (FileNotFoundError, ValueError) as exc:

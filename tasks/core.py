@@ -10,6 +10,7 @@ The reward and the evaluation report come from the same `TestReport` (STYLE.md h
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -29,6 +30,19 @@ def format_assistant(thought: str, code: str) -> str:
 def format_observation(output: str) -> str:
     """A user message carrying a cell's output."""
     return f"Output:\n```\n{output}\n```"
+
+
+def task_context(
+    now: dt.datetime, name: str, email: str, phone_number: str, instruction: str
+) -> str:
+    """The first user message of an episode (`Environment.reset`): who the supervisor is,
+    today's date and the task, as AppWorld words it (both suites share it)."""
+    return (
+        f"Today is {now:%A, %Y-%m-%d} and the time is {now:%H:%M}.\n"
+        f"My name is {name}. My personal email is {email} and my phone number is "
+        f"{phone_number}.\n"
+        f"Task: {instruction}"
+    )
 
 
 @dataclass(frozen=True)

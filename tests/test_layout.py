@@ -180,11 +180,11 @@ FOLDERS = ("algo", "rollout", "learner", "model", "generators", "run", "inspect"
 MAY_IMPORT: dict[str, set[str]] = {
     "loop.config": set(),  # the config edge: config, config_types, checks, seeds
     "loop.algo": set(),  # pure math: nothing from loop
-    "loop.model": set(),
+    "loop.model": {"loop.run.rundir", "loop.config"},  # checkpoint names, one-line errors
     "loop.rollout": {"loop.config", "loop.generators.base", "loop.generators.tokenizer"},
     "loop.run": {"loop.rollout", "loop.algo"},
     "loop.learner": {"loop.algo", "loop.model", "loop.rollout", "loop.config"},
-    "loop.generators": {"loop.model"},
+    "loop.generators": {"loop.model", "loop.config"},
     # model.aliases only: a model name -> its directory, for the report's tokenizer
     "loop.inspect": {
         "loop.run",

@@ -54,6 +54,14 @@ class Credit:
     excluded: int  # rollouts not present
     rewards: list[float] = field(default_factory=list)  # the training reward of each rollout
 
+    @classmethod
+    def empty(cls, groups_dropped: int = 0) -> Credit:
+        """No rollouts yet (filled in group order by `assign_credit`)."""
+        return cls(
+            turn_advantages=[], magnitude=[], keep=[], present=[],
+            groups_dropped=groups_dropped, excluded=0,
+        )  # fmt: skip
+
 
 class ScoredTurn(Protocol):
     """What credit assignment reads of one turn (loop.rollout.trajectory.Turn)."""
@@ -132,7 +140,7 @@ def assign_credit(
     """Advantages for every rollout of every group (method: loo, grpo, turn, reinforce or
     filter; `return_threshold` is filter's)."""
     if not any(groups):  # nothing collected (or a learner process that collects nothing)
-        return Credit([], [], [], [], 0, 0)
+        return Credit.empty()
     width = max(len(g) for g in groups)
     shape = (len(groups), width)
     rewards = torch.zeros(shape, dtype=torch.float64)
@@ -169,9 +177,9 @@ def assign_credit(
         valid, kept_groups = adv.valid, adv.kept_groups
         per_turn_adv = adv.advantages[..., None].expand(*shape, max_turns)
         magnitude = adv.advantages.abs()
-    signed = torch.where(valid, magnitude, torch.zeros_like(magnitude))
-    keep = filter_by_magnitude(signed, valid, threshold)
-    credit = Credit([], [], [], [], int((~kept_groups).sum()), 0)
+    valid_magnitude = torch.where(valid, magnitude, torch.zeros_like(magnitude))
+    keep = filter_by_magnitude(valid_magnitude, valid, threshold)
+    credit = Credit.empty(groups_dropped=int((~kept_groups).sum()))
     for g, group in enumerate(groups):
         for k, traj in enumerate(group):
             credit.turn_advantages.append(per_turn_adv[g, k, : max(len(traj.turns), 1)].tolist())

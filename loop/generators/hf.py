@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from loop.config_types import one_line
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
 from loop.generators.engine import DecoderEngine, Row, supports
 from loop.generators.kvcache import KVStore
@@ -194,7 +195,9 @@ class HFGenerator:
                 try:
                     self._serve_continuous(joining)
                 except Exception as exc:  # a fault of ours: fail what is in flight, keep serving
-                    self._fail_in_flight(joining, f"hf generation failed: {_one_line(exc)}")
+                    self._fail_in_flight(
+                        joining, f"hf generation failed: {one_line(exc, typed=True)}"
+                    )
         finally:
             queued = []
             while not self._inbox.empty():
@@ -293,7 +296,7 @@ class HFGenerator:
             if row.slot >= 0:
                 self.engine.remove(row)
             self._outbox.append(
-                (request, GeneratorError(f"hf generation failed: {_one_line(exc)}"))
+                (request, GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}"))
             )
             return
         self._active.append(active)
@@ -319,7 +322,7 @@ class HFGenerator:
         try:
             logits = self.engine.decode(rows, [active.sampled[-1] for active in self._active])
         except Exception as exc:
-            error = GeneratorError(f"hf generation failed: {_one_line(exc)}")
+            error = GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}")
             for active in list(self._active):
                 self._leave(active, retain=False)
                 self._outbox.append((active.request, error))
@@ -369,7 +372,7 @@ class HFGenerator:
             return list(self._sample_batch(batch))
         except Exception as exc:
             if len(batch) == 1:
-                return [GeneratorError(f"hf generation failed: {_one_line(exc)}")]
+                return [GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}")]
         return [outcome for request in batch for outcome in self._serve([request])]
 
     def _sample_batch(self, batch: list[_Request]) -> list[Generation]:
@@ -430,9 +433,3 @@ def _deliver(request: _Request, outcome: Generation | Exception) -> None:
 
     with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
         request.loop.call_soon_threadsafe(settle)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

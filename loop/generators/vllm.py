@@ -35,6 +35,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
+from loop.config_types import one_line
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class VLLMGenerator:
             self._engine: Any = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
         except Exception as exc:
             raise GeneratorError(
-                f"vLLM engine failed to start ({model}): {_one_line(exc)}"
+                f"vLLM engine failed to start ({model}): {one_line(exc, typed=True)}"
             ) from exc
         self._request_ids = itertools.count()
         self._adapter_ids = itertools.count(1)  # vLLM LoRA ids must be >= 1
@@ -129,7 +130,7 @@ class VLLMGenerator:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise GeneratorError(f"vLLM request failed: {_one_line(exc)}") from exc
+            raise GeneratorError(f"vLLM request failed: {one_line(exc, typed=True)}") from exc
         if final is None or not final.outputs:
             raise GeneratorError(f"vLLM returned no output for request {request_id}")
         return _to_generation(final, params)
@@ -223,11 +224,3 @@ def _stale_gguf_override(model: str) -> dict[str, Any]:
         return {}
     log.warning("%s: ignoring a stale GGUF quantization_config (weights are safetensors)", model)
     return {"hf_overrides": {"quantization_config": None}}
-
-
-def _one_line(exc: BaseException) -> str:
-    """`Type: first line`, looking through vLLM's wrappers (EngineGenerateError has no text)."""
-    while not str(exc).strip() and exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else 'no message'}"

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import re
 from pathlib import Path
 from statistics import mean
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from loop.config import AgentConfig, RunConfig
 from loop.generators.scripted import ScriptedGenerator
@@ -39,8 +40,8 @@ from loop.run.rundir import (
     eval_rollouts_sink,
     write_config,
     write_eval_metrics,
-    write_rollouts_gz,
 )
+from loop.run.runlog import write_rollouts
 from tasks import GoldSolutions, Task, TaskSuite
 
 CALL = re.compile(r"apis\.(\w+)\.(\w+)")
@@ -121,33 +122,32 @@ async def rollouts(
     return list(await asyncio.gather(*(one(t, s) for t in tasks for s in range(k))))
 
 
-def training_records(
-    trajectories: list[Trajectory], iteration: int, seed: int
-) -> list[dict[str, Any]]:
-    """The trainer's extra keys: leave-one-out advantages, the |A| filter, learner log-probs."""
+def write_training_rollouts(
+    path: Path, trajectories: list[Trajectory], iteration: int, seed: int
+) -> None:
+    """The trainer's rollouts file, through its writer: leave-one-out advantages, the |A|
+    filter, and learner log-probs (the sampler's plus seeded noise, a few far off)."""
     rng = random.Random(seed)
     by_task: dict[str, list[Trajectory]] = {}
     for traj in trajectories:
         by_task.setdefault(traj.task_id, []).append(traj)
-    records = []
+    flat: list[Trajectory] = []
+    advantages: list[list[float]] = []
+    kept: list[bool] = []
+    learner: dict[int, list[float | None]] = {}
     for group in by_task.values():
         rewards = [t.reward or 0.0 for t in group]
         for i, traj in enumerate(group):
             others = rewards[:i] + rewards[i + 1 :]
             advantage = rewards[i] - mean(others) if others else None
-            record = traj.to_json()
-            record["learner_logprobs"] = [
-                None if x is None else x + rng.gauss(0, 0.03 if rng.random() < 0.95 else 0.4)
-                for x in record["sampler_logprobs"]
+            learner[len(flat)] = [
+                None if math.isnan(x) else x + rng.gauss(0, 0.03 if rng.random() < 0.95 else 0.4)
+                for x in traj.sampler_logprobs  # NaN off the sampled tokens
             ]
-            record.update(
-                iteration=iteration,
-                split="train",
-                advantage=advantage,
-                kept=advantage is not None and abs(advantage) >= 0.01,
-            )
-            records.append(record)
-    return records
+            flat.append(traj)
+            advantages.append([] if advantage is None else [advantage])
+            kept.append(advantage is not None and abs(advantage) >= 0.01)
+    write_rollouts(path, flat, iteration, "train", advantages, kept, learner)
 
 
 def write_demo_run(
@@ -180,7 +180,7 @@ def write_demo_run(
             skill = it / max(1, iterations - 1)
             train = suite.tasks("train")[:tasks]
             trajs = asyncio.run(rollouts(suite, pool, tokenizer, train, k, skill, seed + it))
-            write_rollouts_gz(run.rollouts(it), training_records(trajs, it, seed + it))
+            write_training_rollouts(run.rollouts(it), trajs, it, seed + it)
     return out
 
 

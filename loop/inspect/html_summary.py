@@ -11,6 +11,7 @@ from pathlib import Path
 from loop.inspect.metrics import METRICS, MetricSpec, ratio
 from loop.inspect.summary import Aggregate, Run, by_iteration, by_task, iterations, overview
 from loop.inspect.terminal import format_ratio, format_value, plural, short_name
+from loop.run.rundir import RunDir
 
 BEFORE, AFTER = "#9aa5b1", "#2f6fdf"
 
@@ -48,11 +49,9 @@ def summary_html(runs: Sequence[Run]) -> str:
 
 def learning_curves(runs: Sequence[Run]) -> list[str]:
     """The `learning_curve.png` of each run directory that has one, inline (loop/run/report.py)."""
-    from loop.run.report import CURVE
-
     parts = []
     for run in runs:
-        picture = Path(run.path) / CURVE
+        picture = RunDir(Path(run.path)).learning_curve
         if picture.is_file():
             data = base64.b64encode(picture.read_bytes()).decode()
             parts += [

@@ -37,8 +37,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from loop.algo.gae import compute_dual_discount_gae, compute_gae
-from loop.config_types import CRITIC_ADVANTAGES
+from loop.algo.credit import Credit
+from loop.algo.gae import GAE, compute_dual_discount_gae, compute_gae
+from loop.config_types import CRITIC_ADVANTAGES, RunConfig
+from loop.learner.batch import Sample
+from loop.model.policy import Policy
 
 PAPER_WIDTH_FRACTIONS = (3 / 5, 2 / 5)  # [P]'s head on a 5120-wide model: 3072, 2048
 
@@ -152,7 +155,7 @@ class Critic:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def build_critic(config: Any, policy: Any) -> Critic | None:
+def build_critic(config: RunConfig, policy: Policy) -> Critic | None:
     """The run's critic (a value head on `policy`), or None when the advantage needs none."""
     cfg, train = config.critic, config.train
     if train.advantage not in CRITIC_ADVANTAGES:
@@ -168,7 +171,9 @@ def build_critic(config: Any, policy: Any) -> Critic | None:
     )  # fmt: skip
 
 
-def assign_gae(samples: Sequence[Any], config: Any, credit: Any = None) -> dict[str, float]:
+def assign_gae(
+    samples: Sequence[Sample], config: RunConfig, credit: Credit | None = None
+) -> dict[str, float]:
     """Per-token advantages and value targets of `samples` from their old values (in place).
 
     samples: loop.learner.batch.Sample with `old_values` set (the learner's no-grad pass) and
@@ -215,10 +220,13 @@ def _record_turn_means(turn_advantages: list[float], sample: Any) -> None:
             turn_advantages[turn] = float(sample.advantages[sample.turn_ids == turn].mean())
 
 
-def _episode_gae(episode: list[Any], config: Any) -> tuple[Any, Tensor]:
+def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor]:
     """GAE over the output tokens of one episode's samples: ((1, N) GAE, (1, N) old values)."""
     cfg = config.critic
-    old = torch.cat([s.old_values[s.is_output] for s in episode]).double()[None]
+    values = [s.old_values for s in episode]
+    assert all(v is not None for v in values), "assign_gae checked the old values"
+    old = torch.cat([v[s.is_output] for v, s in zip(values, episode, strict=True) if v is not None])
+    old = old.double()[None]
     turn_ids = torch.cat([s.turn_ids[s.is_output] for s in episode])[None]
     mask = torch.ones(old.shape, dtype=torch.bool)
     rewards = torch.zeros(old.shape, dtype=torch.float64)

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from loop.config_types import one_line
 from loop.model.aliases import is_peft_model
+from loop.run.rundir import ADAPTER, iter_name, iteration_of
 
 STATE_FILE = "trainer_state.pt"
+MODEL = "model"  # full weights in Hugging Face format (full fine-tuning)
 ADAPTER_FILE = "adapter_model.safetensors"
-_NAME = re.compile(r"^iter-(\d+)$")
 
 
 def save_weights(model: Any, path: Path) -> None:
@@ -57,14 +58,14 @@ def load_weights(model: Any, checkpoint: Path) -> None:
     """Load what `save_weights` wrote in `checkpoint` into `model` (adapter or full weights)."""
     from safetensors.torch import load_file
 
-    if (checkpoint / "adapter" / ADAPTER_FILE).is_file():
-        load_adapter(model, checkpoint / "adapter")
+    if (checkpoint / ADAPTER / ADAPTER_FILE).is_file():
+        load_adapter(model, checkpoint / ADAPTER)
         return
-    full = checkpoint / "model" / "model.safetensors"
+    full = checkpoint / MODEL / "model.safetensors"
     if full.is_file():
         model.load_state_dict(load_file(str(full)), strict=False)
         return
-    shards = sorted((checkpoint / "model").glob("model-*.safetensors"))
+    shards = sorted((checkpoint / MODEL).glob("model-*.safetensors"))
     if shards:  # save_pretrained splits large models into shards
         for shard in shards:
             model.load_state_dict(load_file(str(shard)), strict=False)
@@ -88,8 +89,7 @@ def load_adapter(model: Any, adapter: Path) -> None:
     try:
         result = set_peft_model_state_dict(model, load_file(str(adapter / ADAPTER_FILE)))
     except RuntimeError as exc:  # shape mismatch: another rank or base model
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{adapter}: adapter does not fit the model ({first})") from None
+        raise ValueError(f"{adapter}: adapter does not fit the model ({one_line(exc)})") from None
     unexpected = getattr(result, "unexpected_keys", [])
     missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
     if unexpected or missing:
@@ -110,8 +110,8 @@ def save_checkpoint(
     from loop.model import distributed
 
     main = distributed.is_main()
-    final = root / f"iter-{iteration}"
-    tmp = root / f".tmp-iter-{iteration}-{os.getpid()}"
+    final = root / iter_name(iteration)
+    tmp = root / f".tmp-{iter_name(iteration)}-{os.getpid()}"
     if main:
         root.mkdir(parents=True, exist_ok=True)
         for leftover in root.glob(".tmp-*"):
@@ -119,7 +119,7 @@ def save_checkpoint(
         tmp.mkdir()
     tmp = Path(distributed.broadcast_object(str(tmp)))
     is_lora = is_peft_model(model)
-    save_weights(model, tmp / ("adapter" if is_lora else "model"))
+    save_weights(model, tmp / (ADAPTER if is_lora else MODEL))
     if main:
         torch.save({**state, "iteration": iteration, "rng": rng_state()}, tmp / STATE_FILE)
         _fsync_tree(tmp)
@@ -139,9 +139,9 @@ def list_checkpoints(root: Path) -> list[Path]:
         return []
     found = []
     for path in root.iterdir():
-        match = _NAME.match(path.name)
-        if match and (path / STATE_FILE).is_file():
-            found.append((int(match.group(1)), path))
+        iteration = iteration_of(path.name)
+        if iteration is not None and path.is_dir() and (path / STATE_FILE).is_file():
+            found.append((iteration, path))
     return [path for _, path in sorted(found)]
 
 

@@ -69,15 +69,6 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def all_true(flag: bool) -> bool:
-    """True when `flag` holds on every process."""
-    if not is_distributed():
-        return flag
-    value = torch.tensor([0 if flag else 1], dtype=torch.int64, device=_device())
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return int(value.item()) == 0
-
-
 def all_sum(values: Sequence[float]) -> list[float]:
     """Each of `values` summed over the processes (for metrics that every rank counts locally)."""
     if not is_distributed():

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from loop.config_types import one_line
 from loop.model.aliases import is_peft_model, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -136,7 +137,7 @@ def _load_tokenizer(path: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load the tokenizer of {path!r}: {_first_line(exc)}") from None
+        raise ValueError(f"cannot load the tokenizer of {path!r}: {one_line(exc)}") from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer of {path!r} has neither a pad nor an eos token")
@@ -163,7 +164,7 @@ def _load_model(
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
-        raise ValueError(f"cannot load model {path!r}: {_first_line(exc)}") from None
+        raise ValueError(f"cannot load model {path!r}: {one_line(exc)}") from None
     if quantization is None:
         model.to(device)
     return model
@@ -198,9 +199,4 @@ def _wrap_lora(model: Any, lora: LoraSettings) -> Any:
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
-        raise ValueError(f"cannot apply LoRA {lora}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise ValueError(f"cannot apply LoRA {lora}: {one_line(exc)}") from None

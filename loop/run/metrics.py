@@ -90,7 +90,7 @@ def _by_difficulty(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def rollout_metrics(
+def iteration_metrics(
     groups: Sequence[Sequence[Trajectory]],
     credit: Any,
     discarded: int,

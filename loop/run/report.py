@@ -27,8 +27,6 @@ from typing import Any
 from loop.run.rundir import RunDir
 from loop.run.significance import Comparison, compare, wilson_interval
 
-CURVE = "learning_curve.png"
-
 
 def eval_points(run_dir: Path) -> dict[str, dict[int, dict[str, list[bool]]]]:
     """split -> iteration -> task id -> its rollouts' successes, for every in-training
@@ -123,7 +121,7 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole
     fig.suptitle(f"{run_dir.name}: learning curve")
     fig.tight_layout()
-    path = run_dir / CURVE
+    path = RunDir(run_dir).learning_curve
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

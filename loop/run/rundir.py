@@ -8,9 +8,13 @@
     runs/<name>/adapter-sync/iter-N/         the adapter handed to the vLLM generator
     runs/<name>/eval/<split>/                evaluate.py: config.yaml, rollouts.jsonl, metrics.json
     runs/<name>/eval/<split>/iter-N/         the trainer's evaluation before iteration N
+    runs/<name>/warm_start/                  the warm start (`WarmStartDir`): adapter/, its
+                                             checkpoints/iter-E/, adapter-sync/, eval/epoch-E/
+    runs/<name>/learning_curve.png           the learning curve (loop/run/report.py)
 
-The trainer, evaluation, the inspector's demo run and its reader (loop/run/records.py) all
-go through these names; nothing else spells a file name of the run directory. No torch here.
+The trainer, the warm start, evaluation, checkpoints, the report, the inspector's demo run and
+its reader (loop/run/records.py) all go through these names; nothing else spells a file name
+of the run directory. No torch here.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ ADAPTER_SYNC = "adapter-sync"
 EVAL = "eval"
 EVAL_ROLLOUTS = "rollouts.jsonl"  # evaluate.py's rollouts, one trajectory per line
 EVAL_METRICS = "metrics.json"
+WARM_START = "warm_start"
+ADAPTER = "adapter"  # a LoRA adapter in PEFT format (also a checkpoint's, loop/model/checkpoint.py)
+LEARNING_CURVE = "learning_curve.png"
 ITER_NAME = re.compile(r"iter-(\d+)(?:\.jsonl(?:\.gz)?)?$")  # iter-N, iter-N.jsonl[.gz]
 NOT_ROLLOUTS = frozenset({CHECKPOINTS, TENSORBOARD, ADAPTER_SYNC})  # never hold rollouts
 
@@ -72,6 +79,14 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    @property
+    def warm_start(self) -> WarmStartDir:
+        return WarmStartDir(self.path / WARM_START)
+
+    @property
+    def learning_curve(self) -> Path:
+        return self.path / LEARNING_CURVE
 
     def rollouts(self, iteration: int) -> Path:
         """The training rollouts of `iteration`."""
@@ -117,6 +132,32 @@ class RunDir:
         """One metrics.jsonl line."""
         with self.metrics.open("a") as sink:
             sink.write(json.dumps(record) + "\n")
+
+
+@dataclass(frozen=True)
+class WarmStartDir:
+    """The warm start's folder of a run (loop/warmstart.py)."""
+
+    path: Path
+
+    @property
+    def adapter(self) -> Path:
+        """The adapter RL starts from."""
+        return self.path / ADAPTER
+
+    @property
+    def checkpoints(self) -> Path:
+        """One checkpoint per epoch, `iter-E` (E epochs done)."""
+        return self.path / CHECKPOINTS
+
+    @property
+    def adapter_sync(self) -> Path:
+        """The adapter handed to the generator for a dev evaluation between epochs."""
+        return self.path / ADAPTER_SYNC
+
+    def eval_dir(self, epoch: int) -> Path:
+        """The dev evaluation after `epoch` epochs (`warm_start.select: dev`)."""
+        return self.path / EVAL / f"epoch-{epoch}"
 
 
 def _logged_iteration(line: str) -> float:

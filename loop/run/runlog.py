@@ -10,26 +10,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loop.run.rundir import RunDir, write_rollouts_gz
 
 if TYPE_CHECKING:
-    from loop.algo.credit import Credit
     from loop.rollout.trajectory import Trajectory
 
 
 class RunLog:
-    """Appends metrics to `<run_dir>/metrics.jsonl` and the configured dashboards."""
+    """Appends metrics to the run's `metrics.jsonl` and the configured dashboards."""
 
     def __init__(
-        self, run_dir: Path, *, tensorboard: bool, wandb_project: str | None, config: dict[str, Any]
+        self, run: RunDir, *, tensorboard: bool, wandb_project: str | None, config: dict[str, Any]
     ):
-        self.run = RunDir(run_dir)
-        self.path = self.run.metrics
-        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run = run
+        self.path = run.metrics
+        run.path.mkdir(parents=True, exist_ok=True)
         self._writer: Any = None
         self._wandb: Any = None
         if tensorboard:
@@ -43,7 +42,7 @@ class RunLog:
                 raise RuntimeError(
                     "train.wandb_project is set but wandb is not installed: pip install wandb"
                 ) from None
-            self._wandb = wandb.init(project=wandb_project, name=run_dir.name, config=config)
+            self._wandb = wandb.init(project=wandb_project, name=run.path.name, config=config)
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
         """One record for `iteration` (non-finite values are written as null)."""
@@ -85,18 +84,20 @@ def summary_line(iteration: int, total: int, m: dict[str, float]) -> str:
 
 
 def write_rollouts(
-    path: Path, rollouts: list[Trajectory], iteration: int, split: str, credit: Credit,
-    kept: list[bool], learner_logprobs: Mapping[int, list[float | None]],
+    path: Path, rollouts: Sequence[Trajectory], iteration: int, split: str,
+    turn_advantages: Sequence[list[float]], kept: Sequence[bool],
+    learner_logprobs: Mapping[int, list[float | None]],
 ) -> None:  # fmt: skip
     """Write one iteration's rollouts to `path` (gzipped JSON lines, atomically).
 
-    Each line is `Trajectory.to_json()` plus the iteration, its advantage(s), whether it was
-    trained on, and `learner_logprobs` (rollout index -> the recomputed old log-probs, parallel
-    to `tokens`, null off the loss mask; given for the rollouts this process trained on).
+    Each line is `Trajectory.to_json()` plus the iteration, its turns' advantages (and
+    `advantage`, their one value when all turns share it), whether it was trained on, and
+    `learner_logprobs` (rollout index -> the recomputed old log-probs, parallel to `tokens`,
+    null off the loss mask; given for the rollouts this process trained on).
     """
 
     def record(i: int, traj: Trajectory) -> dict[str, Any]:
-        advantages = credit.turn_advantages[i]
+        advantages = turn_advantages[i]
         return traj.to_json() | {
             "iteration": iteration, "split": split,
             "advantage": advantages[0] if len(set(advantages)) == 1 else None,

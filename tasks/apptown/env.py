@@ -29,6 +29,7 @@ from tasks.core import (
     Task,
     TestReport,
     recorded_arguments,
+    task_context,
 )
 
 MAX_CALLS = 10_000  # API calls one episode may make; every one is kept in host memory
@@ -69,12 +70,8 @@ class AppTownEnv:
         self.api_calls = []
         self.last_result = None
         self.sandbox.set_handler(self.handle)
-        now = self.now
-        return (
-            f"Today is {now:%A, %Y-%m-%d} and the time is {now:%H:%M}.\n"
-            f"My name is {user.name}. My personal email is {user.email} and my phone number "
-            f"is {user.phone_number}.\n"
-            f"Task: {self.task.instruction}"
+        return task_context(
+            self.now, user.name, user.email, user.phone_number, self.task.instruction
         )
 
     @property

@@ -20,7 +20,6 @@ never changes an earlier one.
 
 from __future__ import annotations
 
-import json
 import random
 import sqlite3
 from collections.abc import Mapping
@@ -163,15 +162,6 @@ def person_ids(g: Grader) -> dict[str, int]:
 def people_with(world: World, user_id: int, label: str) -> list[Person]:
     """Who is `label` to the user (as their phone contacts say, before any setup)."""
     return [world.person(pid) for pid in world.society.related(user_id, label)]
-
-
-def relationships_of(world: World, user_id: int, other: int) -> list[str]:
-    rows = world.template.rows(
-        "SELECT c.relationships FROM phone_contacts c JOIN people p ON p.phone_number = "
-        "c.phone_number WHERE c.owner_id = ? AND p.id = ?",
-        (user_id, other),
-    )
-    return json.loads(rows[0]["relationships"]) if rows else []
 
 
 def add_email(

@@ -87,9 +87,6 @@ class AppTownSuite:
     def task(self, task_id: str) -> Task:
         return self._entry(task_id).task
 
-    def scenario_of(self, task: Task) -> Scenario:
-        return self._entry(task.id).scenario
-
     def user_of(self, task: Task) -> Person:
         """The supervisor: the person the agent acts for in this task."""
         return self.world.person(self._entry(task.id).variant.user_id)

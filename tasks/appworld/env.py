@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import ExecutionResult
 from tasks.appworld.engine import EngineCrashError, EngineProcess, EngineRequestError
-from tasks.core import ApiCall, EnvironmentFailureError, Task, TestReport, TestResult
+from tasks.core import (
+    ApiCall,
+    EnvironmentFailureError,
+    Task,
+    TestReport,
+    TestResult,
+    task_context,
+)
 
 if TYPE_CHECKING:
     from tasks.appworld.pool import EnginePool
@@ -79,12 +86,8 @@ class AppWorldEnv:
         specs = self.specs
         now = dt.datetime.fromisoformat(specs["datetime"])
         user = specs["supervisor"]
-        return (
-            f"Today is {now:%A, %Y-%m-%d} and the time is {now:%H:%M}.\n"
-            f"My name is {user['first_name']} {user['last_name']}. My personal email is "
-            f"{user['email']} and my phone number is {user['phone_number']}.\n"
-            f"Task: {self.task.instruction}"
-        )
+        name = f"{user['first_name']} {user['last_name']}"
+        return task_context(now, name, user["email"], user["phone_number"], self.task.instruction)
 
     @property
     def done(self) -> bool:

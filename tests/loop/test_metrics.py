@@ -14,8 +14,8 @@ from loop.rollout.trajectory import Trajectory
 from loop.run.metrics import (
     compute_metrics,
     infra_failure_problem,
+    iteration_metrics,
     pass_at_k,
-    rollout_metrics,
     scenario_goal_completion,
 )
 
@@ -104,7 +104,7 @@ def test_training_reward_and_success_count_excluded_rollouts_as_zero() -> None:
     group[3].reward = None
     credit = assign_credit([group], method="loo", reward="fraction", threshold=0.01)
     kept = [True, True, False, False]  # after any top-up: what is trained on
-    m = rollout_metrics([group], credit, 0, [], kept)
+    m = iteration_metrics([group], credit, 0, [], kept)
     assert m["rollout/reward_mean"] == pytest.approx(1.5 / 4)  # the excluded one counts as 0
     assert m["rollout/reward_mean_scored"] == pytest.approx(1.5 / 3)
     assert m["rollout/success_rate"] == pytest.approx(1 / 4)

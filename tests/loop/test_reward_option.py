@@ -15,7 +15,7 @@ from loop.algo.credit import assign_credit, rollout_reward
 from loop.checks import check_run
 from loop.config import ConfigError, load_config
 from loop.rollout.trajectory import Trajectory, Turn
-from loop.run.metrics import rollout_metrics
+from loop.run.metrics import iteration_metrics
 from tasks.apptown import AppTownSuite
 
 READS = ("login", "show_profile", "search_contacts")  # what the built-in world marks read-only
@@ -66,7 +66,7 @@ def test_acted_is_the_reward_the_advantages_see_and_it_is_logged() -> None:
     assert credit.rewards == [0.0, 0.5, 1.0]
     # LOO: A_i = R_i - mean of the others; the idle rollout is now the worst, not a tie.
     assert [a[0] for a in credit.turn_advantages] == pytest.approx([-0.75, 0.0, 0.75])
-    metrics = rollout_metrics([group], credit, 0, [], credit.keep)
+    metrics = iteration_metrics([group], credit, 0, [], credit.keep)
     assert metrics["rollout/train_reward_mean"] == pytest.approx(0.5)
     assert metrics["rollout/reward_mean"] == pytest.approx(2.0 / 3)  # the tests' own reward
     assert load_config(None, ["train.reward=acted"]).train.reward == "acted"

@@ -31,6 +31,7 @@ from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint
 from loop.rollout.task_sampler import TaskSampler
 from loop.rollout.trajectory import Trajectory, Turn
+from loop.run.rundir import RunDir
 from loop.trainer import horizon
 from tests.loop.synthetic import (
     SYNTHETIC,
@@ -313,7 +314,7 @@ def test_resuming_keeps_the_log_of_completed_iterations_only(tmp_path: Path) -> 
     log = tmp_path / "r" / "metrics.jsonl"
     log.parent.mkdir(parents=True)
     log.write_text('{"iteration": 0, "a": 1}\n{"iteration": 1, "a": 2}\n{"iteration": 2, "a"')
-    open_run(config, config.run_dir, start=1).close()  # iteration 1 was logged, not saved
+    open_run(config, RunDir(config.run_dir), start=1).close()  # iteration 1 was logged, not saved
     assert log.read_text() == '{"iteration": 0, "a": 1}\n'
 
 
