@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loop.checks import check_splits
 from loop.config import ConfigError, RunConfig
 from loop.generators.base import Generator, GeneratorError
 from loop.generators.tokenizer import Tokenizer
@@ -62,23 +63,6 @@ def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalP
     generator, tokenizer = build_generator(config, checkpoint)
     size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
     return EvalParts(suite, generator, tokenizer, build_pool(config, size=size))
-
-
-def check_splits(config: RunConfig, suite: TaskSuite, *, training: bool = True) -> None:
-    """Every split the run uses exists in the suite (else a one-line ConfigError); evaluation
-    alone uses only the eval splits, so a training config evaluates on any suite."""
-    named = {"eval.split": config.eval.split}
-    named |= {f"eval.more_splits[{i}]": s for i, s in enumerate(config.eval.more_splits)}
-    if training:
-        named["train.split"] = config.train.split
-    if training and config.warm_start.source in ("gold", "rft"):
-        named["warm_start.split"] = config.warm_start.split
-    for key, split in named.items():
-        try:
-            suite.tasks(split)
-        except (KeyError, ValueError, AssertionError) as exc:
-            reason = exc.args[0] if exc.args else split
-            raise ConfigError(f"{key}: {reason}") from None
 
 
 def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:

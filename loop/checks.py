@@ -1,12 +1,14 @@
-"""Validation in two places, each run once: `check_values` when a config is loaded (ranges
-and fields that must agree), `check_run` before a training run is built (what the learner
-processes and the sampler need to agree on). Each raises a one-line `ConfigError`.
+"""Every rule a config must meet, each in one place and run once: `check_values` when a config
+is loaded (ranges and fields that must agree), `check_run` before a training run is built
+(what the learner processes, the sampler and the suite need to agree on), `check_splits` once
+the suite is built (every split the run names exists). Each raises a one-line `ConfigError`;
+the components built from the config (the learner, the value head) do not check again.
 """
 
 from __future__ import annotations
 
 from loop.config_types import CRITIC_ADVANTAGES, ConfigError, RunConfig, TrainConfig
-from tasks import GoldSolutions, suite_class
+from tasks import GoldSolutions, TaskSuite, suite_class
 
 
 def check_run(config: RunConfig, world_size: int) -> None:
@@ -188,3 +190,20 @@ def _check_critic_and_kl(config: RunConfig) -> None:
         raise ConfigError(f"critic.value_range: [low, high], got {critic.value_range}")
     if critic.warmup_iterations < 0 or critic.coef_decay_iterations < 0:
         raise ConfigError("critic.warmup_iterations and coef_decay_iterations must be >= 0")
+
+
+def check_splits(config: RunConfig, suite: TaskSuite, *, training: bool = True) -> None:
+    """Every split the run uses exists in the suite (else a one-line ConfigError); evaluation
+    alone uses only the eval splits, so a training config evaluates on any suite."""
+    named = {"eval.split": config.eval.split}
+    named |= {f"eval.more_splits[{i}]": s for i, s in enumerate(config.eval.more_splits)}
+    if training:
+        named["train.split"] = config.train.split
+    if training and config.warm_start.source in ("gold", "rft"):
+        named["warm_start.split"] = config.warm_start.split
+    for key, split in named.items():
+        try:
+            suite.tasks(split)
+        except (KeyError, ValueError, AssertionError) as exc:
+            reason = exc.args[0] if exc.args else split
+            raise ConfigError(f"{key}: {reason}") from None

@@ -30,6 +30,7 @@ from loop.run.records import (
     read_rollouts,
     select_sources,
 )
+from loop.run.rundir import iteration_of
 
 log = logging.getLogger("loop.inspect")
 
@@ -168,7 +169,7 @@ def label_of(path: Path, spec: str) -> str:
 def _folder_label(folder: Path) -> str:
     if folder.parent.name == "eval":  # runs/<name>/eval/<split>
         return f"{folder.parent.parent.name}/{folder.name}"
-    if folder.name.startswith("iter-") and folder.parent.parent.name == "eval":
+    if iteration_of(folder.name) is not None and folder.parent.parent.name == "eval":
         return f"{folder.parent.parent.parent.name}/{folder.parent.name}/{folder.name}"
     if folder.name in ("eval", "rollouts"):
         return f"{folder.parent.name}/{folder.name}"

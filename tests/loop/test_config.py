@@ -83,7 +83,7 @@ def test_missing_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_splits_are_checked_against_the_suite() -> None:
-    from loop.build import check_splits
+    from loop.checks import check_splits
     from tasks.apptown.suite import AppTownSuite
 
     suite = AppTownSuite()
