@@ -174,6 +174,16 @@ def _check_critic_and_kl(config: RunConfig) -> None:
             "train.kl_coef needs a LoRA policy (model.lora_rank > 0): the reference is the base "
             "model with the adapter disabled; full fine-tuning keeps no reference copy"
         )
+    if train.kl_in == "reward" and train.advantage not in CRITIC_ADVANTAGES:
+        raise ConfigError(
+            f"train.kl_in reward needs per-token rewards (train.advantage gae or verlog), got "
+            f"{train.advantage}: use train.kl_in loss"
+        )
+    if critic.whiten_advantages and train.advantage not in CRITIC_ADVANTAGES:
+        raise ConfigError(
+            f"critic.whiten_advantages is for gae and verlog, not train.advantage "
+            f"{train.advantage} (train.normalize_advantage scales LOO's)"
+        )
     for key in ("gamma", "lam", "gamma_token", "lambda_token", "gamma_step", "lambda_step"):
         if not 0 <= getattr(critic, key) <= 1:
             raise ConfigError(f"critic.{key}: must be in [0, 1], got {getattr(critic, key)}")

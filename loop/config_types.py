@@ -204,7 +204,12 @@ class TrainConfig:
     weight_decay: float = doc(0.01, "AdamW weight decay")
     max_grad_norm: float = doc(0.1, "global L2 clip (the reference code; the paper says 1.0)")
     kl_threshold: float = doc(20.0, "|k1| above this skips the rest of the iteration")
-    kl_coef: float = doc(0.0, "beta of the k3 KL to the reference (GRPO; LoRA only: adapter off)")
+    kl_coef: float = doc(0.0, "beta of the KL to the reference (LoRA only: the adapter off)")
+    kl_in: Literal["loss", "reward"] = doc(
+        "loss",
+        "where the KL goes: loss (k3 in the loss, GRPO) | reward (k1 on each output token's "
+        "reward before GAE, Verlog's code; gae and verlog only)",
+    )
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
@@ -259,6 +264,9 @@ class CriticConfig:
     lambda_token: float = doc(1.0, "verlog: lambda between tokens of a turn (paper 000: 1)")
     gamma_step: float = doc(0.99, "verlog: discount across turns (paper 000: 0.99)")
     lambda_step: float = doc(0.95, "verlog: lambda across turns (paper 000: 0.95)")
+    whiten_advantages: bool = doc(
+        False, "zero mean, unit variance over the batch before the loss (Verlog's code, verl)"
+    )
 
 
 @dataclass

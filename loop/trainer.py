@@ -48,7 +48,8 @@ its reference code (apple/ml-loop, [C]):
   whose clip sees sqrt(N) x the true norm: `max_grad_norm` 0.1 x sqrt(N) clips like [C]
   (configs/qwen2.5-32b-8gpu.yaml: 0.2 with 4 learners).
 - KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]);
-  `kl_coef` adds GRPO's k3 penalty to the base model (the LoRA adapter disabled).
+  `kl_coef` adds GRPO's k3 penalty to the base model (the LoRA adapter disabled), in the loss,
+  or with `kl_in: reward` Verlog's k1 on each output token's reward before GAE ([V]).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
   generator samples with the training model itself; `vllm` gets the new adapter after every
@@ -58,6 +59,25 @@ its reference code (apple/ml-loop, [C]):
 - Horizon: the turn limit can grow during training (ScalingInter-RL; off by default).
 - Checkpoints (our addition to [C], which saves no optimizer state): adapter, optimizer,
   schedule, sampler and RNG state, so a killed run resumes where its last iteration ended.
+
+The learned-critic methods relative to their sources: the LOOP paper's "PPO (learned critic)"
+row ([P] App. C: a 3-layer MLP head off the LoRA weights, gamma = lambda = 1, an L2 value loss
+with its coefficient decayed 0.1 -> 0.001 over 200 iterations after a 10-iteration warm-up,
+values clipped to [0, 1]; configs/table1/ppo-critic.yaml), and Verlog, from its paper (paper
+000, [V-P]) and its code ([V]: WentseChen/Verlog at 589eb7e; configs/verlog.yaml):
+- Dual-discount GAE: [V-P] Eq. 2, token pair (1, 1) within a turn, step pair (0.99, 0.95)
+  across turns, environment tokens skipped (loop/algo/gae.py). With a token-level gamma or
+  lambda other than 1, [V]'s recursion also discounts through the value at the position after
+  each turn's last token (its first padding position); Eq. 2 has no such term and we follow
+  Eq. 2, the paper's statement of the method: the two agree exactly at [V-P]'s (1, 1).
+- Value loss: PPO's clipped form around the old value, range 0.5 ([V] `cliprange_value`), the
+  first token of each turn weighted 3 ([V] `highlight_ratio`; [V-P] B.3.2 gives no number).
+- KL: k1 = log pi_old - log pi_ref folded into each output token's reward, coefficient 0.001
+  ([V] `use_kl_in_reward`, `kl_ctrl.kl_coef`; [V-P] B.3.4 gives no coefficient).
+- Advantages whitened over the batch before the policy loss, the value targets taken from the
+  raw ones ([V] `masked_whiten`, as verl does for GAE; [V-P] does not say).
+- Critic warm-up: 5 iterations with the actor frozen ([V-P] B.3.3); [V]'s launch scripts use
+  20-40 of theirs (`trainer.critic_warmup`), which count other units, so the paper's is kept.
 """
 
 from __future__ import annotations

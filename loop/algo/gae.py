@@ -17,6 +17,16 @@ Verlog, paper 000), per output token, from per-token rewards and the value head'
   with one pair for both levels. The LOOP paper's critic baseline used gamma = lambda = 1, so
   A_t = R - V(s_t) for a reward R at the end.
 
+Two steps Verlog's code takes around the recursion and its paper does not state ([V]: the
+Verlog repository, WentseChen/Verlog at 589eb7e, verl/trainer/ppo/core_algos.py and
+ray_trainer.py; verl does the same for its own GAE):
+- `kl_reward`: the KL to the reference folded into the per-token rewards before GAE, with the
+  k1 estimate log pi_old - log pi_ref on every output token (`use_kl_in_reward`, coefficient
+  0.001 in its launch scripts), instead of a k3 term in the loss.
+- `whiten`: the advantages of the whole batch shifted to zero mean and scaled to unit variance
+  (over the output tokens, unbiased variance, eps 1e-8) before the policy loss; the value
+  targets (`returns`) are computed from the raw advantages first.
+
 Values: `values[b, t]` is V(s_t), the critic's value of the state in which output token t was
 sampled (the learner takes it from the hidden state of the token before t, the one whose logits
 sampled t). `returns = advantages + values` are the value head's regression targets (the
@@ -163,3 +173,37 @@ def _check(
         raise ValueError(f"mask must be bool, got {mask.dtype}")
     if bootstrap is not None and bootstrap.shape != rewards.shape[:1]:
         raise ValueError(f"bootstrap must be (B,), got {tuple(bootstrap.shape)}")
+
+
+def kl_reward(old_logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, coef: float) -> Tensor:
+    """The per-token reward for staying near the reference ([V] `apply_kl_penalty`):
+    -coef * (log pi_old - log pi_ref) (the k1 estimate) on output tokens, 0.0 elsewhere.
+
+    old_logprobs, ref_logprobs: (B, T) log-probs of the sampled tokens under the policy that
+    sampled them (the learner's recompute) and under the reference; mask: (B, T) bool.
+    Returns (B, T) float64, to add to the outcome rewards before `compute_*gae`.
+    """
+    if old_logprobs.shape != mask.shape or ref_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"log-probs {tuple(old_logprobs.shape)}, {tuple(ref_logprobs.shape)} vs mask "
+            f"{tuple(mask.shape)}"
+        )
+    k1 = old_logprobs.double() - ref_logprobs.double()
+    return torch.where(mask, -coef * k1, torch.zeros_like(k1))
+
+
+def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """`values` shifted and scaled to zero mean and unit variance over the masked entries
+    ([V] and verl `masked_whiten`: unbiased variance, `eps` inside the square root); 0.0
+    off the mask. values, mask: same shape; fewer than two masked entries: a ValueError (no
+    variance to scale by)."""
+    if values.shape != mask.shape or mask.dtype != torch.bool:
+        raise ValueError(f"values {tuple(values.shape)} and a bool mask {tuple(mask.shape)}")
+    n = int(mask.sum())
+    if n < 2:
+        raise ValueError(f"whitening needs at least two masked values, got {n}")
+    picked = values[mask].double()
+    mean = picked.mean()
+    variance = ((picked - mean) ** 2).sum() / (n - 1)
+    out = (values.double() - mean) * torch.rsqrt(variance + eps)
+    return torch.where(mask, out, torch.zeros_like(out)).to(values.dtype)

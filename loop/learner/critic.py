@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from loop.algo.credit import Credit
-from loop.algo.gae import GAE, compute_dual_discount_gae, compute_gae
+from loop.algo.gae import GAE, compute_dual_discount_gae, compute_gae, kl_reward, whiten
 from loop.config_types import CRITIC_ADVANTAGES, RunConfig
 from loop.learner.batch import Sample
 from loop.model.policy import Policy
@@ -192,25 +192,36 @@ def assign_gae(
             raise ValueError("assign_gae needs old values: run the learner's recompute first")
         key = sample.source if sample.source >= 0 else ("alone", index)
         episodes.setdefault(key, []).append(sample)
-    advantages, values, returns = [], [], []
+    done = []
     for episode in episodes.values():
         episode.sort(key=lambda s: s.turn)
-        out, old = _episode_gae(episode, config)
-        offset = 0
+        done.append((episode, *_episode_gae(episode, config)))
+    raw = torch.cat([out.advantages[0] for _, out, _, _ in done])
+    final = raw  # [V]: the whole batch's advantages whitened before the loss
+    if config.critic.whiten_advantages and raw.numel() >= 2:
+        final = whiten(raw, torch.ones(raw.shape, dtype=torch.bool))
+    offset = 0
+    for episode, out, _, _ in done:
+        start = 0
         for sample in episode:  # split the episode's output tokens back into its samples
             n = int(sample.is_output.sum())
             adv = torch.zeros(len(sample.tokens), dtype=torch.float32)
             ret = torch.zeros(len(sample.tokens), dtype=torch.float32)
-            adv[sample.is_output] = out.advantages[0, offset : offset + n].float()
-            ret[sample.is_output] = out.returns[0, offset : offset + n].float()
+            adv[sample.is_output] = final[offset + start : offset + start + n].float()
+            ret[sample.is_output] = out.returns[0, start : start + n].float()  # from raw GAE
             sample.advantages, sample.returns = adv, ret
-            offset += n
+            start += n
             if credit is not None and sample.source >= 0:
                 _record_turn_means(credit.turn_advantages[sample.source], sample)
-        advantages.append(out.advantages[0])
-        values.append(old[0])
-        returns.append(out.returns[0])
-    return _gae_metrics(torch.cat(advantages), torch.cat(values), torch.cat(returns))
+        offset += start
+    metrics = _gae_metrics(
+        raw, torch.cat([old[0] for _, _, old, _ in done]),
+        torch.cat([out.returns[0] for _, out, _, _ in done]),
+    )  # fmt: skip
+    penalties = [kl[0] for _, _, _, kl in done if kl is not None]
+    if penalties:
+        metrics["critic/kl_reward_mean"] = float(torch.cat(penalties).mean())
+    return metrics
 
 
 def _record_turn_means(turn_advantages: list[float], sample: Any) -> None:
@@ -220,8 +231,9 @@ def _record_turn_means(turn_advantages: list[float], sample: Any) -> None:
             turn_advantages[turn] = float(sample.advantages[sample.turn_ids == turn].mean())
 
 
-def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor]:
-    """GAE over the output tokens of one episode's samples: ((1, N) GAE, (1, N) old values)."""
+def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor, Tensor | None]:
+    """GAE over the output tokens of one episode's samples: (1, N) GAE, (1, N) old values and,
+    with `train.kl_in: reward`, the (1, N) KL rewards added to the outcome (else None)."""
     cfg = config.critic
     values = [s.old_values for s in episode]
     assert all(v is not None for v in values), "assign_gae checked the old values"
@@ -232,13 +244,31 @@ def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor]
     rewards = torch.zeros(old.shape, dtype=torch.float64)
     if old.shape[1]:
         rewards[0, -1] = episode[-1].reward  # the outcome, on the episode's last sampled token
+    penalty = None
+    if config.train.kl_in == "reward" and config.train.kl_coef > 0:
+        penalty = kl_reward(
+            _output_tokens(episode, "old_logprobs"), _output_tokens(episode, "ref_logprobs"),
+            mask, config.train.kl_coef,
+        )  # fmt: skip
+        rewards = rewards + penalty
     if config.train.advantage == "gae":
-        return compute_gae(rewards, old, mask, gamma=cfg.gamma, lam=cfg.lam), old
+        return compute_gae(rewards, old, mask, gamma=cfg.gamma, lam=cfg.lam), old, penalty
     out = compute_dual_discount_gae(
         rewards, old, mask, turn_ids, gamma_token=cfg.gamma_token, lambda_token=cfg.lambda_token,
         gamma_step=cfg.gamma_step, lambda_step=cfg.lambda_step,
     )  # fmt: skip
-    return out, old
+    return out, old, penalty
+
+
+def _output_tokens(episode: list[Sample], field: str) -> Tensor:
+    """(1, N): a per-token field of the episode's samples on their output tokens, in order."""
+    parts = []
+    for sample in episode:
+        values = getattr(sample, field)
+        if values is None:
+            raise ValueError(f"train.kl_in reward needs {field}: run the learner's recompute")
+        parts.append(values[sample.is_output])
+    return torch.cat(parts).double()[None]
 
 
 def _gae_metrics(adv: Tensor, val: Tensor, ret: Tensor) -> dict[str, float]:

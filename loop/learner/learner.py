@@ -25,7 +25,9 @@ optimizer; during the critic warm-up the actor is frozen (no policy loss, no pol
 `kl_coef` > 0 (GRPO's KL to the reference, LoRA only) the recompute pass also records the
 reference log-probs, from the same model with the LoRA adapter disabled (peft's
 `disable_adapter()`: no second copy); the reference never changes, so once per iteration is
-enough, and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`).
+enough, and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With
+`reference_logprobs` (the KL in the reward, Verlog's way) the recompute records them the same
+way and the loss has no KL term: loop/learner/critic.py folds k1 into the rewards before GAE.
 
 With several processes each learner gets an equal shard of the rollouts; gradients are averaged
 across processes by the sharding wrapper, so the local loss is scaled by the world size to keep
@@ -89,6 +91,11 @@ class Learner:
         self.nan_steps_total = 0
         self.pad_id = int(policy.tokenizer.pad_token_id or 0)
 
+    @property
+    def _needs_reference(self) -> bool:
+        """The recompute records the reference's log-probs (a KL in the loss or the reward)."""
+        return self.settings.kl_coef > 0 or self.settings.reference_logprobs
+
     # -- 1. old log-probs -------------------------------------------------------------------
     @torch.no_grad()
     def recompute_old_logprobs(self, samples: Sequence[Sample]) -> dict[str, float]:
@@ -101,7 +108,7 @@ class Learner:
                 hidden = self._hidden(batch)
                 logprobs = self._logprobs(batch, hidden).float().cpu()
                 values = self._values(hidden).cpu() if self.critic is not None else None
-                reference = self._reference_logprobs(batch) if self.settings.kl_coef > 0 else None
+                reference = self._reference_logprobs(batch) if self._needs_reference else None
                 for row, sample in enumerate(chunk):
                     n = len(sample.tokens)
                     sample.old_logprobs = logprobs[row, :n].clone()
@@ -312,7 +319,7 @@ class Learner:
         )  # fmt: skip
         if self.critic is not None:
             sample.old_values, sample.returns = torch.zeros(seq_len), torch.ones(seq_len)
-        if self.settings.kl_coef > 0:
+        if self._needs_reference:
             sample.ref_logprobs = torch.zeros(seq_len)
         self.model.train()
         self._zero_grad()

@@ -32,7 +32,8 @@ class LearnerSettings:
     max_nan_steps: int = 20  # non-finite steps skipped before the run aborts
     temperature: float = 1.0  # the sampler's: log-probs of logits / temperature
     logprob_chunk_size: int = 1024  # positions per LM-head chunk
-    kl_coef: float = 0.0  # GRPO's k3 KL to the reference (LoRA only)
+    kl_coef: float = 0.0  # GRPO's k3 KL to the reference in the loss (LoRA only)
+    reference_logprobs: bool = False  # record log pi_ref in the recompute (a KL in the reward)
 
     @classmethod
     def for_rl(cls, config: RunConfig) -> LearnerSettings:
@@ -44,7 +45,9 @@ class LearnerSettings:
             minibatch_size=cfg.minibatch_size, micro_batch_size=cfg.micro_batch_size,
             max_grad_norm=cfg.max_grad_norm, kl_threshold=cfg.kl_threshold,
             max_nan_steps=cfg.max_nan_steps, temperature=config.agent.temperature,
-            logprob_chunk_size=cfg.logprob_chunk_size, kl_coef=cfg.kl_coef,
+            logprob_chunk_size=cfg.logprob_chunk_size,
+            kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0,
+            reference_logprobs=cfg.kl_in == "reward" and cfg.kl_coef > 0,
         )  # fmt: skip
 
     @classmethod

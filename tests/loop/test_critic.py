@@ -289,3 +289,74 @@ def test_the_stress_test_runs_every_term_even_during_the_warm_up() -> None:
     # V = 0 (the head's last layer starts at zero), targets 1: value loss 1/2 (0 - 1)^2 = 0.5,
     # times the coefficient 0.1: the policy loss plus 0.05, not the value loss alone.
     assert with_critic == pytest.approx(plain + 0.05, abs=1e-6)
+
+
+def test_kl_in_the_reward_by_hand() -> None:
+    # gae, gamma = lambda = 1: A_t = (sum of later rewards) - V_t. Output tokens' old and
+    # reference log-probs give k1 = [0.5, 0, 0.5, -0.5]; times -0.1: KL rewards
+    # [-0.05, 0, -0.05, 0.05], plus the outcome 1 on the last: r = [-0.05, 0, -0.05, 1.05],
+    # later sums [0.95, 1.0, 1.0, 1.05], V = [0.2, 0.4, 0.5, 0.6] -> A = [0.75, 0.6, 0.5, 0.45]
+    config = load_config(None, ["train.advantage=gae", "train.kl_in=reward", "train.kl_coef=0.1"])
+    sample = _two_turn_sample(1.0)
+    sample.old_logprobs = torch.tensor([0.0, -1.0, -2.0, 0.0, -0.5, -1.5])
+    sample.ref_logprobs = torch.tensor([0.0, -1.5, -2.0, 0.0, -1.0, -1.0])
+    metrics = assign_gae([sample], config)
+    torch.testing.assert_close(sample.advantages, torch.tensor([0, 0.75, 0.6, 0, 0.5, 0.45]))
+    assert sample.returns is not None
+    torch.testing.assert_close(sample.returns, torch.tensor([0, 0.95, 1.0, 0, 1.0, 1.05]))
+    assert metrics["critic/kl_reward_mean"] == pytest.approx(-0.0125)
+    sample.ref_logprobs = None
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
+        assign_gae([sample], config)
+
+
+def test_kl_in_the_reward_takes_the_kl_out_of_the_loss_and_keeps_the_reference() -> None:
+    from loop.learner.settings import LearnerSettings
+
+    reward = LearnerSettings.for_rl(
+        load_config(None, ["train.advantage=verlog", "train.kl_in=reward", "train.kl_coef=0.1"])
+    )
+    assert reward.kl_coef == 0.0 and reward.reference_logprobs
+    loss = LearnerSettings.for_rl(load_config(None, ["train.kl_coef=0.1"]))
+    assert loss.kl_coef == 0.1 and not loss.reference_logprobs
+    with pytest.raises(ConfigError, match=r"train\.kl_in reward needs per-token rewards"):
+        load_config(None, ["train.kl_in=reward", "train.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match=r"critic\.whiten_advantages is for gae and verlog"):
+        load_config(None, ["critic.whiten_advantages=true"])
+
+
+def test_whitened_advantages_by_hand_and_targets_from_the_raw_ones() -> None:
+    # raw A = R - V = [0.8, 0.6, 0.5, 0.4]: mean 0.575, unbiased variance 0.0875 / 3
+    config = load_config(None, ["train.advantage=gae", "critic.whiten_advantages=true"])
+    sample = _two_turn_sample(1.0)
+    metrics = assign_gae([sample], config)
+    std = math.sqrt(0.0875 / 3)
+    expected = [0.0, 0.225 / std, 0.025 / std, 0.0, -0.075 / std, -0.175 / std]
+    torch.testing.assert_close(sample.advantages, torch.tensor(expected))
+    assert sample.returns is not None  # the value targets: raw A + V, not whitened
+    torch.testing.assert_close(sample.returns, torch.tensor([0, 1.0, 1.0, 0, 1.0, 1.0]))
+    assert metrics["critic/advantage_mean"] == pytest.approx(0.575)  # logged before whitening
+
+
+def test_the_verlog_config_is_what_verlogs_code_runs() -> None:
+    """configs/verlog.yaml against Verlog's launch scripts and defaults (WentseChen/Verlog at
+    589eb7e: examples/Verlog/train_*.sbatch, verl/trainer/config/ppo_trainer.yaml)."""
+    config = load_config("configs/verlog.yaml", [])
+    assert config.critic.first_token_weight == 3.0  # critic.highlight_ratio=3.0
+    assert (config.train.kl_in, config.train.kl_coef) == ("reward", 0.001)  # k1, kl_coef 0.001
+    assert config.critic.clip_eps == 0.5  # cliprange_value: 0.5
+    assert config.critic.whiten_advantages  # masked_whiten after its GAE
+    assert (config.critic.gamma_step, config.critic.lambda_step) == (0.99, 0.95)
+    assert (config.critic.gamma_token, config.critic.lambda_token) == (1.0, 1.0)
+
+
+def test_the_ppo_critic_config_is_the_papers() -> None:
+    """configs/table1/ppo-critic.yaml against the LOOP paper's appendix ([P] App. C)."""
+    config = load_config("configs/table1/ppo-critic.yaml", [])
+    assert config.train.advantage == "gae" and (config.critic.gamma, config.critic.lam) == (1, 1)
+    assert config.critic.hidden_sizes == []  # 3/5, 2/5 of the hidden size: 3072, 2048 on 5120
+    assert config.critic.value_range == [0.0, 1.0] and config.critic.clip_eps is None  # an L2 loss
+    assert (config.critic.coef, config.critic.coef_final) == (0.1, 0.001)
+    assert config.critic.coef_decay_iterations == 200 and config.critic.warmup_iterations == 10
+    assert not config.critic.grad_to_body and not config.critic.whiten_advantages
+    assert config.train.kl_coef == 0.0

@@ -1,18 +1,26 @@
 """`loop.algo.gae`: per-token GAE and Verlog's dual-discount GAE against numbers worked out by hand
 (environment tokens skipped, a truncated rollout bootstrapped from V(s_{T+1}), the token and
-step discounts), and the fast recursion against the slow definition on random rollouts.
+step discounts), the fast recursion against the slow definition on random rollouts, and the
+two steps Verlog's code adds around it (the k1 KL reward, batch whitening) by hand.
 
 Run: python -m pytest tests/loop/test_gae.py -q
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
 
-from loop.algo.gae import compute_dual_discount_gae, compute_gae, gae_reference
+from loop.algo.gae import (
+    compute_dual_discount_gae,
+    compute_gae,
+    gae_reference,
+    kl_reward,
+    whiten,
+)
 
 T, F = True, False
 JUNK = 9.0  # values and rewards at environment tokens: must not leak into any advantage
@@ -141,3 +149,22 @@ def test_bad_inputs_are_one_line_errors() -> None:
         compute_gae(t64([[1.0]]), t64([[0.0]]), m, bootstrap=t64([0.0, 1.0]))
     with pytest.raises(ValueError, match="mask must be bool"):
         compute_gae(t64([[1.0]]), t64([[0.0]]), torch.tensor([[1]]))
+
+
+def test_whiten_by_hand() -> None:
+    # mean 2.5, unbiased variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3
+    out = whiten(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([T, T, T, T]))
+    std = math.sqrt(5 / 3)
+    torch.testing.assert_close(out, torch.tensor([-1.5, -0.5, 0.5, 1.5]) / std)
+    # masked out: not counted, 0.0 there; mean 2, unbiased variance 2
+    out = whiten(torch.tensor([[1.0, 100.0, 3.0]]), torch.tensor([[T, F, T]]))
+    torch.testing.assert_close(out, torch.tensor([[-1.0, 0.0, 1.0]]) / math.sqrt(2))
+    with pytest.raises(ValueError, match="at least two"):
+        whiten(torch.tensor([1.0, 2.0]), torch.tensor([T, F]))
+
+
+def test_kl_reward_is_minus_coef_k1_on_output_tokens() -> None:
+    old = torch.tensor([[-1.0, -2.0, -9.0, -0.5]])
+    ref = torch.tensor([[-1.5, -2.0, -1.0, -1.0]])
+    out = kl_reward(old, ref, torch.tensor([[T, T, F, T]]), coef=0.1)
+    torch.testing.assert_close(out, torch.tensor([[-0.05, 0.0, 0.0, -0.05]], dtype=torch.float64))
