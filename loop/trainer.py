@@ -179,7 +179,9 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
         metrics |= learner.recompute_old_logprobs(samples)
         check_parity(metrics, cfg)
-        metrics |= assign_gae(samples, config, credit)  # gae / verlog: from the old values
+        critic = assign_gae(samples, config)  # gae / verlog: from the old values
+        metrics |= critic.metrics
+        credit = credit.with_turn_advantages(critic.turn_means)
         # 5. Epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
         stats = learn(learner, samples, cfg, iteration, config.seed, show_progress)
         metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}

@@ -26,7 +26,8 @@ predictions (loop/learner/critic.py `assign_gae`), with the reward recorded in `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,6 +54,16 @@ class Credit:
     groups_dropped: int  # groups left with fewer survivors than the estimator needs
     excluded: int  # rollouts not present
     rewards: list[float] = field(default_factory=list)  # the training reward of each rollout
+
+    def with_turn_advantages(self, means: Mapping[int, Mapping[int, float]]) -> Credit:
+        """A copy whose rollouts' per-turn advantages are replaced where `means` has them
+        (rollout index -> turn -> advantage: the learned critic's per-turn means)."""
+        turns = [list(advantages) for advantages in self.turn_advantages]
+        for rollout, by_turn in means.items():
+            for turn, value in by_turn.items():
+                if 0 <= turn < len(turns[rollout]):
+                    turns[rollout][turn] = value
+        return dataclasses.replace(self, turn_advantages=turns)
 
     @classmethod
     def empty(cls, groups_dropped: int = 0) -> Credit:

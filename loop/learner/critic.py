@@ -32,12 +32,11 @@ LLM: one model copy, as for every method of this trainer):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from loop.algo.credit import Credit
 from loop.algo.gae import GAE, compute_dual_discount_gae, compute_gae, kl_reward, whiten
 from loop.config_types import CRITIC_ADVANTAGES, RunConfig
 from loop.learner.batch import Sample
@@ -171,21 +170,26 @@ def build_critic(config: RunConfig, policy: Policy) -> Critic | None:
     )  # fmt: skip
 
 
-def assign_gae(
-    samples: Sequence[Sample], config: RunConfig, credit: Credit | None = None
-) -> dict[str, float]:
+class CriticAdvantages(NamedTuple):
+    """What `assign_gae` reports besides the samples' own advantages and targets."""
+
+    metrics: dict[str, float]  # critic/*
+    turn_means: dict[int, dict[int, float]]  # rollout (Sample.source) -> turn -> mean advantage
+
+
+def assign_gae(samples: Sequence[Sample], config: RunConfig) -> CriticAdvantages:
     """Per-token advantages and value targets of `samples` from their old values (in place).
 
     samples: loop.learner.batch.Sample with `old_values` set (the learner's no-grad pass) and
     `reward`.
     The recursion runs over a whole episode: the samples of one rollout (one, or one per turn
     with a memory window, ordered by turn) are joined on their output tokens, the reward sits
-    on the episode's last one. `credit` (loop.algo.credit.Credit, optional) gets each turn's mean
-    advantage, for the rollouts file and the report. Returns `critic/*` metrics; a no-op for
-    the other advantages.
+    on the episode's last one. Returns the `critic/*` metrics and each rollout's per-turn mean
+    advantage (for the rollouts file and the report: `Credit.with_turn_advantages`); nothing
+    for the other advantages.
     """
     if config.train.advantage not in CRITIC_ADVANTAGES or not samples:
-        return {}
+        return CriticAdvantages({}, {})
     episodes: dict[Any, list[Any]] = {}
     for index, sample in enumerate(samples):
         if sample.old_values is None:
@@ -211,8 +215,6 @@ def assign_gae(
             ret[sample.is_output] = out.returns[0, start : start + n].float()  # from raw GAE
             sample.advantages, sample.returns = adv, ret
             start += n
-            if credit is not None and sample.source >= 0:
-                _record_turn_means(credit.turn_advantages[sample.source], sample)
         offset += start
     metrics = _gae_metrics(
         raw, torch.cat([old[0] for _, _, old, _ in done]),
@@ -221,14 +223,19 @@ def assign_gae(
     penalties = [kl[0] for _, _, _, kl in done if kl is not None]
     if penalties:
         metrics["critic/kl_reward_mean"] = float(torch.cat(penalties).mean())
-    return metrics
+    return CriticAdvantages(metrics, _turn_means(samples))
 
 
-def _record_turn_means(turn_advantages: list[float], sample: Any) -> None:
-    """Write the mean advantage of each turn of `sample` into the rollout's per-turn list."""
-    for turn in sample.turn_ids[sample.is_output].unique().tolist():
-        if 0 <= turn < len(turn_advantages):
-            turn_advantages[turn] = float(sample.advantages[sample.turn_ids == turn].mean())
+def _turn_means(samples: Sequence[Sample]) -> dict[int, dict[int, float]]:
+    """Rollout -> turn -> the mean advantage of the turn's output tokens."""
+    means: dict[int, dict[int, float]] = {}
+    for sample in samples:
+        if sample.source < 0 or sample.advantages is None:
+            continue
+        for turn in sample.turn_ids[sample.is_output].unique().tolist():
+            tokens = sample.advantages[(sample.turn_ids == turn) & sample.is_output]
+            means.setdefault(sample.source, {})[int(turn)] = float(tokens.mean())
+    return means
 
 
 def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor, Tensor | None]:

@@ -86,7 +86,7 @@ def test_assign_gae_by_hand() -> None:
     config = load_config(None, ["train.advantage=verlog", "critic.gamma_step=0.9",
                                 "critic.lambda_step=0.5"])  # fmt: skip
     sample = _two_turn_sample(1.0)
-    metrics = assign_gae([sample], config)
+    metrics = assign_gae([sample], config).metrics
     torch.testing.assert_close(sample.advantages, torch.tensor([0, 0.475, 0.275, 0, 0.5, 0.4]))
     assert sample.returns is not None
     torch.testing.assert_close(sample.returns, torch.tensor([0, 0.675, 0.675, 0, 1.0, 1.0]))
@@ -271,15 +271,19 @@ def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:
     assert max(torch.Size(s).numel() for s in mode.shapes) <= 40 * 64  # at most the hidden states
 
 
-def test_assign_gae_writes_each_turns_mean_advantage_to_the_credit() -> None:
+def test_assign_gae_returns_each_turns_mean_advantage_for_the_credit() -> None:
     from loop.algo.credit import Credit
 
     sample = _two_turn_sample(1.0)
     sample.source = 0
-    credit = Credit([[0.0, 0.0]], [0.0], [True], [True], 0, 0, [1.0])
-    assign_gae([sample], load_config(None, ["train.advantage=gae"]), credit)
+    turn_means = assign_gae([sample], load_config(None, ["train.advantage=gae"])).turn_means
     # A = R - V: turn 0 (0.8 + 0.6) / 2 = 0.7, turn 1 (0.5 + 0.4) / 2 = 0.45
-    assert credit.turn_advantages[0] == pytest.approx([0.7, 0.45])
+    assert turn_means == {0: {0: pytest.approx(0.7), 1: pytest.approx(0.45)}}
+    credit = Credit([[0.0, 0.0]], [0.0], [True], [True], 0, 0, [1.0])
+    updated = credit.with_turn_advantages(turn_means)
+    assert updated.turn_advantages[0] == pytest.approx([0.7, 0.45])
+    assert credit.turn_advantages[0] == [0.0, 0.0]  # a new Credit; the old one is unchanged
+    assert assign_gae([sample], load_config(None, [])) == ({}, {})  # loo: nothing to assign
 
 
 def test_the_stress_test_runs_every_term_even_during_the_warm_up() -> None:
@@ -300,7 +304,7 @@ def test_kl_in_the_reward_by_hand() -> None:
     sample = _two_turn_sample(1.0)
     sample.old_logprobs = torch.tensor([0.0, -1.0, -2.0, 0.0, -0.5, -1.5])
     sample.ref_logprobs = torch.tensor([0.0, -1.5, -2.0, 0.0, -1.0, -1.0])
-    metrics = assign_gae([sample], config)
+    metrics = assign_gae([sample], config).metrics
     torch.testing.assert_close(sample.advantages, torch.tensor([0, 0.75, 0.6, 0, 0.5, 0.45]))
     assert sample.returns is not None
     torch.testing.assert_close(sample.returns, torch.tensor([0, 0.95, 1.0, 0, 1.0, 1.05]))
@@ -329,7 +333,7 @@ def test_whitened_advantages_by_hand_and_targets_from_the_raw_ones() -> None:
     # raw A = R - V = [0.8, 0.6, 0.5, 0.4]: mean 0.575, unbiased variance 0.0875 / 3
     config = load_config(None, ["train.advantage=gae", "critic.whiten_advantages=true"])
     sample = _two_turn_sample(1.0)
-    metrics = assign_gae([sample], config)
+    metrics = assign_gae([sample], config).metrics
     std = math.sqrt(0.0875 / 3)
     expected = [0.0, 0.225 / std, 0.025 / std, 0.0, -0.075 / std, -0.175 / std]
     torch.testing.assert_close(sample.advantages, torch.tensor(expected))
