@@ -223,6 +223,37 @@ def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> N
     assert records[1]["loss/kl_ref"] > 0.0  # after one step the adapter has moved
 
 
+def test_verlogs_kl_in_the_reward_and_whitening_train_a_lora_policy(tmp_path: Path) -> None:
+    """The trainer end to end with configs/verlog.yaml's learning keys on the word task: the
+    KL goes into the rewards (logged, none in the loss) and the advantages are whitened."""
+    from peft import LoraConfig, get_peft_model
+
+    from loop.generators.hf import HFGenerator
+    from loop.parts import TrainParts
+    from loop.trainer import train
+    from tests.loop.synthetic import NoSandboxPool, WordSuite
+    from tests.loop.test_trainer import SYNTHETIC, rewards
+
+    args = [a for a in SYNTHETIC if not a.startswith("model.lora_rank")]
+    config = load_config(None, [
+        f"output_dir={tmp_path}", "name=verlog", "train.iterations=2", *args,
+        "model.lora_rank=4", "train.advantage=verlog", "train.kl_in=reward",
+        "train.kl_coef=0.001", "critic.whiten_advantages=true", "critic.clip_eps=0.5",
+        "critic.first_token_weight=3.0", "train.lr=0.01",
+    ])  # fmt: skip
+    policy = synthetic_policy()
+    policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules="all-linear"))
+    parts = TrainParts(policy, HFGenerator(policy, max_batch_size=16), policy.tokenizer,
+                       WordSuite(), NoSandboxPool())  # fmt: skip
+    train(config, parts, show_progress=False)
+    lines = (tmp_path / "verlog" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(rewards(records)) == 2
+    assert records[0]["critic/kl_reward_mean"] == 0.0  # the policy starts as the reference
+    assert records[1]["critic/kl_reward_mean"] != 0.0  # then it has moved
+    assert not any("loss/kl_ref" in r for r in records)  # no KL term in the loss
+
+
 def test_value_range_clamps_the_predictions() -> None:
     head = ValueHead(4, (3, 2))
     torch.nn.init.constant_(head.net[-1].bias, 2.0)  # type: ignore[arg-type]
