@@ -195,28 +195,37 @@ def test_kl_to_the_reference_is_refused_with_full_fine_tuning() -> None:
         load_config(None, ["critic.gamma_step=1.5"])
 
 
-def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> None:
+def _train_lora_on_words(tmp_path: Path, name: str, keys: list[str]) -> list[dict]:
+    """2 iterations of the trainer on the word task with a LoRA r4 policy; metrics records."""
     from peft import LoraConfig, get_peft_model
 
     from loop.generators.hf import HFGenerator
     from loop.parts import TrainParts
     from loop.trainer import train
     from tests.loop.synthetic import NoSandboxPool, WordSuite
-    from tests.loop.test_trainer import SYNTHETIC, rewards
+    from tests.loop.test_trainer import SYNTHETIC
 
     args = [a for a in SYNTHETIC if not a.startswith("model.lora_rank")]
     config = load_config(None, [
-        f"output_dir={tmp_path}", "name=kl", "train.iterations=2", *args, "model.lora_rank=4",
-        "train.advantage=grpo", "train.strictly_on_policy=true", "train.epochs=1",
-        "train.kl_coef=0.04", "train.lr=0.01",
+        f"output_dir={tmp_path}", f"name={name}", "train.iterations=2", *args,
+        "model.lora_rank=4", "train.lr=0.01", *keys,
     ])  # fmt: skip
     policy = synthetic_policy()
     policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules="all-linear"))
     parts = TrainParts(policy, HFGenerator(policy, max_batch_size=16), policy.tokenizer,
                        WordSuite(), NoSandboxPool())  # fmt: skip
     train(config, parts, show_progress=False)
-    lines = (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> None:
+    from tests.loop.test_trainer import rewards
+
+    records = _train_lora_on_words(tmp_path, "kl", [
+        "train.advantage=grpo", "train.strictly_on_policy=true", "train.epochs=1",
+        "train.kl_coef=0.04",
+    ])  # fmt: skip
     assert len(rewards(records)) == 2
     # Iteration 0's one step starts from B = 0: the policy is the reference, k3 = 0 exactly.
     assert records[0]["loss/kl_ref"] == 0.0
@@ -226,28 +235,12 @@ def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> N
 def test_verlogs_kl_in_the_reward_and_whitening_train_a_lora_policy(tmp_path: Path) -> None:
     """The trainer end to end with configs/verlog.yaml's learning keys on the word task: the
     KL goes into the rewards (logged, none in the loss) and the advantages are whitened."""
-    from peft import LoraConfig, get_peft_model
+    from tests.loop.test_trainer import rewards
 
-    from loop.generators.hf import HFGenerator
-    from loop.parts import TrainParts
-    from loop.trainer import train
-    from tests.loop.synthetic import NoSandboxPool, WordSuite
-    from tests.loop.test_trainer import SYNTHETIC, rewards
-
-    args = [a for a in SYNTHETIC if not a.startswith("model.lora_rank")]
-    config = load_config(None, [
-        f"output_dir={tmp_path}", "name=verlog", "train.iterations=2", *args,
-        "model.lora_rank=4", "train.advantage=verlog", "train.kl_in=reward",
-        "train.kl_coef=0.001", "critic.whiten_advantages=true", "critic.clip_eps=0.5",
-        "critic.first_token_weight=3.0", "train.lr=0.01",
+    records = _train_lora_on_words(tmp_path, "verlog", [
+        "train.advantage=verlog", "train.kl_in=reward", "train.kl_coef=0.001",
+        "critic.whiten_advantages=true", "critic.clip_eps=0.5", "critic.first_token_weight=3.0",
     ])  # fmt: skip
-    policy = synthetic_policy()
-    policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules="all-linear"))
-    parts = TrainParts(policy, HFGenerator(policy, max_batch_size=16), policy.tokenizer,
-                       WordSuite(), NoSandboxPool())  # fmt: skip
-    train(config, parts, show_progress=False)
-    lines = (tmp_path / "verlog" / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
     assert len(rewards(records)) == 2
     assert records[0]["critic/kl_reward_mean"] == 0.0  # the policy starts as the reference
     assert records[1]["critic/kl_reward_mean"] != 0.0  # then it has moved
