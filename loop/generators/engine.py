@@ -12,9 +12,17 @@ cache are ours. A row's keys and values live in two parts:
 
 Attention over the two parts is computed separately and merged exactly with their
 log-sum-exps (as cascade/shared-prefix attention does), so a row's output equals attention over
-the concatenation. Keys, values and the attention math are float32 whatever the model's dtype,
-as the learner's CPU attention kernel accumulates in float32. Active rows always occupy slots
-0..B-1 in order: a leaving row's slot is filled by the last one.
+the concatenation. Keys and values are stored in the model's dtype: they come out of its
+projections and rotary embedding in that dtype, so storing them loses nothing (a bfloat16 7B
+model's 32 rows at 8K tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in
+float32 whatever the model's dtype, as the learner's CPU attention kernel accumulates in float32.
+Active rows always occupy slots 0..B-1 in order: a leaving row's slot is filled by the last one.
+
+Memory: the slots' token capacity is the longest row's. `reserve(n)` grows it (by at least a
+quarter, so growth is rare, copying once) and the generator calls it when a request joins, for
+the request's whole prompt plus `max_new_tokens`: a growth that does not fit fails that request
+alone, before it decodes, never a decode step shared by every row. `release()` frees the slots
+when no row is active (between turns and while the learner trains).
 
 Supported: `model_type` llama, mistral, qwen2 and qwen3 (those whose layers are
 `input_layernorm -> self_attn(q, k, v, o) -> post_attention_layernorm -> mlp`, full
@@ -34,6 +42,7 @@ from loop.generators.kvcache import PrefixEntry
 from loop.model.aliases import causal_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+CAPACITY_STEP = 64  # the slots' token capacity is a multiple of this
 
 
 def supports(model: Any) -> bool:
@@ -81,9 +90,7 @@ class DecoderEngine:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.rows: list[Row] = []
-        weight = self.base.model.embed_tokens.weight
-        shape = (len(self.layers), 2, max_rows, self.kv_heads, 0, self.head_dim)
-        self.own = weight.new_zeros(shape, dtype=torch.float32)
+        self.own = self._empty_slots()
 
     @property
     def nbytes(self) -> int:
@@ -94,11 +101,17 @@ class DecoderEngine:
         """Give `row` the next free slot, holding `own` (its cached KV past the prefix view)."""
         if len(self.rows) >= self.max_rows:
             raise RuntimeError(f"all {self.max_rows} row slots are taken")
+        if own is not None and own.shape[3]:
+            self.reserve(own.shape[3])
         row.slot = len(self.rows)
         self.rows.append(row)
         if own is not None and own.shape[3]:
-            self._reserve(own.shape[3])
             self.own[:, :, row.slot, :, : own.shape[3]] = own
+
+    def release(self) -> None:
+        """Free the slots' memory (no row may be active)."""
+        assert not self.rows, "release() with active rows"
+        self.own = self._empty_slots()
 
     def remove(self, row: Row) -> Tensor:
         """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim)."""
@@ -127,7 +140,7 @@ class DecoderEngine:
         for start in range(0, len(new_ids), self.prefill_chunk):
             chunk = new_ids[start : start + self.prefill_chunk]
             if store is None:
-                self._reserve(row.own_length + len(chunk))
+                self.reserve(row.own_length + len(chunk))
             hidden = self._prefill_chunk(
                 row, chunk, self.own[:, :, row.slot] if store is None else store
             )
@@ -145,7 +158,7 @@ class DecoderEngine:
         device = self.own.device
         lengths = torch.tensor([row.own_length for row in rows], device=device)
         positions = torch.tensor([len(row.ids) for row in rows], device=device)[:, None]
-        self._reserve(int(lengths.max()) + 1)
+        self.reserve(int(lengths.max()) + 1)
         x = self.base.model.embed_tokens(torch.tensor(tokens, device=device)[:, None])
         rotary = self.base.model.rotary_emb(x, positions)
         slots = torch.arange(len(rows), device=device)
@@ -153,10 +166,11 @@ class DecoderEngine:
         for index, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
             keys, values = self.own[index, 0], self.own[index, 1]
-            keys[slots, :, lengths] = k[:, :, 0]
-            values[slots, :, lengths] = v[:, :, 0]
+            keys[slots, :, lengths] = k[:, :, 0].to(keys.dtype)
+            values[slots, :, lengths] = v[:, :, 0].to(values.dtype)
             width = own_mask.shape[1]
-            keys, values = keys[: len(rows), :, :width], values[: len(rows), :, :width]
+            keys = keys[: len(rows), :, :width].float()
+            values = values[: len(rows), :, :width].float()
             attended = self._decode_attention(index, rows, q, keys, values, own_mask)
             x = self._finish_layer(layer, x, attended)
         for row, token in zip(rows, tokens, strict=True):
@@ -181,6 +195,7 @@ class DecoderEngine:
             if row.entry is not None and row.n_prefix:
                 keys = torch.cat([row.entry.kv[index, 0, :, : row.n_prefix], keys], dim=1)
                 values = torch.cat([row.entry.kv[index, 1, :, : row.n_prefix], values], dim=1)
+            keys, values = keys.float(), values.float()
             attended = torch.nn.functional.scaled_dot_product_attention(
                 q, keys[None], values[None], attn_mask=allowed, scale=self.scale, enable_gqa=True
             )
@@ -242,7 +257,8 @@ class DecoderEngine:
         """Attention partials over one entry's keys for the rows that view it (read once)."""
         members = torch.tensor([row.slot for row in rows], device=qg.device)
         width = max(row.n_prefix for row in rows)
-        keys, values = entry.kv[index, 0, :, :width], entry.kv[index, 1, :, :width]  # (kvh, P, D)
+        keys = entry.kv[index, 0, :, :width].float()  # (kvh, P, D)
+        values = entry.kv[index, 1, :, :width].float()
         q = qg[members].permute(1, 0, 2, 3).reshape(self.kv_heads, -1, self.head_dim)
         scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (kvh, b*G, P)
         scores = scores.view(self.kv_heads, len(rows), self.groups, width).permute(1, 0, 2, 3)
@@ -255,16 +271,24 @@ class DecoderEngine:
         out = torch.matmul(flat, values).view(self.kv_heads, len(rows), self.groups, -1)
         return top, weights.sum(-1, keepdim=True), out.permute(1, 0, 2, 3)
 
-    def _reserve(self, length: int) -> None:
-        """Grow the slots' token capacity to at least `length` (doubling, copying once)."""
+    def reserve(self, length: int) -> None:
+        """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
+        multiple of `CAPACITY_STEP`, copying once; a failed growth leaves the slots unchanged."""
         capacity = self.own.shape[4]
         if length <= capacity:
             return
+        wanted = max(length, capacity + capacity // 4)
         shape = list(self.own.shape)
-        shape[4] = max(length, 2 * capacity, 64)
+        shape[4] = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
         grown = self.own.new_zeros(shape)
         grown[..., :capacity, :] = self.own
         self.own = grown
+
+    def _empty_slots(self) -> Tensor:
+        weight = self.base.model.embed_tokens.weight
+        return weight.new_zeros(
+            (len(self.layers), 2, self.max_rows, self.kv_heads, 0, self.head_dim)
+        )
 
 
 def _by_entry(rows: list[Row]) -> dict[PrefixEntry, list[int]]:

@@ -33,8 +33,11 @@ Models the engine does not run (`engine.supports`), and `kv_reuse=False`, take t
 path: static batches through the plain transformers forward (`sample_batch`), where requests
 arriving during a batch wait for the next. A request whose prefill fails gets a
 `GeneratorError` alone (on the static path: each request of a failed batch is retried alone);
-a failing decode step fails the rows in it; the worker keeps serving. The model is in eval mode
-under `torch.no_grad()` while sampling; each module's training flag is restored afterwards.
+so does one whose row slots cannot grow to its prompt plus `max_new_tokens` (reserved when it
+joins, so decode steps never grow them); a failing decode step fails the rows in it; the
+worker keeps serving. The slots' memory is freed whenever no row is active. The model is in
+eval mode under `torch.no_grad()` while sampling; each module's training flag is restored
+afterwards.
 """
 
 from __future__ import annotations
@@ -212,6 +215,7 @@ class HFGenerator:
         self._active = []
         if self.engine is not None:
             self.engine.rows.clear()
+            self.engine.release()
 
     def _take(self, limit: int, block: bool) -> list[_Request]:
         """Up to `limit` queued requests: waiting for the first when `block`, and on the static
@@ -248,6 +252,8 @@ class HFGenerator:
                     self._leave(active, retain=False)
                 if self._active:
                     self._decode_step()
+                if not self._active:  # the slots' memory back until rows come again
+                    self.engine.release()
         finally:
             outbox, self._outbox = self._outbox, []
             for request, outcome in outbox:
@@ -284,12 +290,15 @@ class HFGenerator:
             and match.reused < len(prompt) - 1
             and match.reused < self.share_fraction * len(prompt)
         )
-        try:
+        new_tokens = request.params.max_new_tokens
+        try:  # the row's slot gets room for all it will hold now, so no decode step grows it
             if shared:
                 store = self.engine.new_store(len(prompt) - match.reused)
                 logits = self.engine.prefill(row, prompt[match.reused :], store=store)
                 self.engine.add(row, self._share_prompt(row, store))
+                self.engine.reserve(row.own_length + new_tokens)
             else:
+                self.engine.reserve(len(prompt) - row.n_prefix + new_tokens)
                 self.engine.add(row, match.own)
                 logits = self.engine.prefill(row, prompt[match.reused :])
         except Exception as exc:

@@ -162,6 +162,68 @@ async def test_a_failing_request_fails_alone_and_the_batcher_survives(tiny_polic
     await generator.close()
 
 
+async def test_slots_too_small_fail_the_joining_request_alone(tiny_policy, monkeypatch) -> None:
+    """Room for a request's prompt and `max_new_tokens` is reserved when it joins: a growth the
+    device cannot hold fails that request before it decodes, never a step shared by every row
+    (on a GPU one row's growth of all rows' slots ran out of memory and failed all 32 rows)."""
+    # kv_cache_mb=0: each prompt's keys stay in its row's slot (as a later turn's do)
+    generator = HFGenerator(tiny_policy, max_batch_size=4, kv_cache_mb=0)
+    good, other = prompts(2)
+    assert generator.engine is not None
+    grow = generator.engine.reserve
+    limit = 45  # tokens of capacity this "device" can hold: the long row passes it 6 steps in
+
+    def reserve(length: int) -> None:
+        if length > limit:
+            raise torch.OutOfMemoryError(f"cannot grow the slots to {length} tokens")
+        grow(length)
+
+    monkeypatch.setattr(generator.engine, "reserve", reserve)
+    long = SamplingParams(max_new_tokens=200, temperature=0.0)
+    results = await asyncio.gather(
+        generator.generate(good, GREEDY),
+        generator.generate(prompts(20)[19][:40], long),
+        generator.generate(other, GREEDY),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], Generation) and isinstance(results[2], Generation)
+    assert isinstance(results[1], GeneratorError) and "OutOfMemoryError" in str(results[1])
+    assert [len(r.token_ids) for r in (results[0], results[2])] == [10, 10]
+    await generator.close()
+
+
+async def test_slots_are_freed_when_no_row_is_active(tiny_policy: Policy) -> None:
+    generator = HFGenerator(tiny_policy, max_batch_size=4)
+    assert generator.engine is not None
+    await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
+    assert generator.engine.nbytes == 0 and not generator.engine.rows
+    await generator.close()
+
+
+async def test_stored_keys_and_values_lose_nothing_in_the_model_dtype(tiny_model_dir) -> None:
+    """The slots hold keys and values in the model's dtype (half of float32's memory in bf16):
+    they leave the projections and the rotary embedding in that dtype, so nothing is rounded;
+    a bfloat16 model samples through every path (prefix entries, own slots, later turns)."""
+    from loop.generators.engine import DecoderEngine
+
+    policy = load_policy(str(tiny_model_dir), dtype="bfloat16")
+    engine = DecoderEngine(policy.model, max_rows=2)
+    assert engine.own.dtype == torch.bfloat16
+    base = policy.model.model
+    x = base.embed_tokens(torch.tensor([prompts(1)[0]]))
+    rotary = base.rotary_emb(x, torch.arange(x.shape[1])[None])
+    _, k, v = engine._qkv(base.layers[0], x, rotary)
+    assert torch.equal(k.to(torch.bfloat16).float(), k)
+    assert torch.equal(v.to(torch.bfloat16).float(), v)
+    for store_mb in (1024, 0):  # prompts as prefix entries, and in the rows' own slots
+        generator = HFGenerator(policy, max_batch_size=4, kv_cache_mb=store_mb)
+        first = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
+        again = await generator.generate(prompts(3)[2] + first[2].token_ids + [5, 6], GREEDY)
+        assert [len(g.token_ids) for g in (*first, again)] == [10] * 4
+        assert generator.engine is not None and generator.engine.own.dtype == torch.bfloat16
+        await generator.close()
+
+
 async def test_close_fails_new_requests(tiny_policy: Policy) -> None:
     generator = HFGenerator(tiny_policy)
     await generator.generate([3, 4], GREEDY)

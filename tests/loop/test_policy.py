@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from loop.learner.logprobs import token_logprobs
-from loop.model.policy import LoraSettings, Policy, load_policy
+from loop.model.policy import LoraSettings, Policy, freeze_base, load_policy, policy_from_model
 
 
 def test_loads_local_model_and_gives_tokenizer_a_pad_token(tiny_model_dir: Path) -> None:
@@ -67,6 +67,30 @@ def test_gradient_checkpointing_with_lora_backpropagates(tiny_model_dir: Path) -
     lora_b_grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b_grads and all(g is not None for g in lora_b_grads)
     assert any(g.abs().sum() > 0 for g in lora_b_grads)
+
+
+def test_a_frozen_base_keeps_its_dtype_and_lora_still_learns(tiny_model_dir: Path) -> None:
+    """The 4-bit path's preparation (`freeze_base`) freezes the base in bfloat16: nothing is
+    upcast to float32 (peft's `prepare_model_for_kbit_training` upcasts the embeddings, norms
+    and LM head, which ran Qwen2.5-7B's attention on the quadratic math kernel on a GPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16)
+    freeze_base(base)
+    assert all(not p.requires_grad and p.dtype == torch.bfloat16 for p in base.parameters())
+    policy = policy_from_model(
+        base, AutoTokenizer.from_pretrained(str(tiny_model_dir)), torch.device("cpu"),
+        lora=LoraSettings(rank=4, alpha=8), gradient_checkpointing=True,
+    )  # fmt: skip
+    named = dict(policy.model.named_parameters())
+    assert {n for n, p in named.items() if p.requires_grad} == {n for n in named if "lora_" in n}
+    assert all(p.dtype == torch.bfloat16 for n, p in named.items() if "lora_" not in n)
+    policy.model.train()
+    input_ids = torch.randint(3, 300, (2, 16))
+    token_logprobs(policy.model, input_ids, chunk_size=5).sum().backward()
+    assert any(
+        p.grad is not None and p.grad.abs().sum() > 0 for n, p in named.items() if "lora_B" in n
+    )
 
 
 @pytest.mark.parametrize(

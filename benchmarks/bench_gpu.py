@@ -1,0 +1,690 @@
+"""The GPU smoke test and the learner's figures on one GPU, random weights of real configs.
+
+    python benchmarks/bench_gpu.py --out DIR [--sections env sdpa learner ...] [--tiny]
+
+No checkpoint is downloaded: each model is built from its published shape (`SHAPES`: the
+`config.json` of Qwen2.5-0.5B/7B/32B-Instruct) with random weights, in bfloat16, directly on
+the GPU. Every section runs in its own subprocess under its own time limit (one that runs out
+of memory or hangs costs only its own rows) and appends JSON lines to DIR/results.jsonl;
+DIR/table.md is written from them at the end. `--tiny` runs every section on a 2-layer model
+on the CPU, the check that the script itself works before a GPU is spent on it.
+
+Sections, in order (the cheapest and most likely to break first):
+- `env`: card, torch, CUDA, and a bf16 8192^3 matrix product (the card's reachable peak).
+- `sdpa`: the attention kernel probe: causal SDPA at 8K with Qwen2.5-7B's grouped-query heads
+  (28 query, 4 key/value heads of 128), bf16 and fp32, each backend (flash, memory-efficient,
+  cuDNN, math) with `enable_gqa=True` and with repeated keys: which run, forward+backward
+  time and peak memory.
+- `learner`: the project's `Learner` (loop/learner/learner.py) on one synthetic rollout of T
+  tokens (random ids, the last 90% output, as the trainer's stress test), LoRA r16 on all
+  linear layers and full fine-tuning, gradient checkpointing on, logprob chunks of 1024 (the
+  32B config's settings): the old-log-prob pass (forward) and one optimizer step
+  (`learn`: forward, backward, clip, AdamW) at 8K, 16K and 32K tokens. tokens/s, peak memory
+  (`torch.cuda.max_memory_allocated`), MFU: model FLOPs / time / the card's dense bf16 peak
+  (H100 and H200 SXM: 989.4 TFLOP/s), with model FLOPs per token 2 N (weights; N without the
+  embedding) + 2 V d for each output token (LM head) + 2 L d T (causal attention: QK^T and AV
+  over T/2 keys on average, 2 * 2 * T/2 * d), times 3 for a full fine-tuning step and 2 for
+  a LoRA step (no weight gradients of the frozen base); activation recomputation is not
+  counted, as MFU conventionally does not.
+- `logprobs`: `token_logprobs` (chunked LM head) against `token_logprobs_naive` (the full
+  (T, V) logits) on Qwen2.5-0.5B (vocabulary 151,936), forward+backward peak memory and time.
+- `engine`: the `hf` generator (loop/generators/hf.py) decoding 32 rows, each with its own
+  random prompt of 8,100 tokens, on Qwen2.5-7B: wall time, peak memory, the row slots' and
+  the KV store's bytes, the memory still held after the last row finished. Three runs: the
+  default settings (each first-turn prompt becomes a prefix entry); `kv_cache_mb=0`, so every
+  prompt's keys live in its row slot, as a later turn's retained cache does; the same with the
+  process capped at an H100's 80 GB (`torch.cuda.set_per_process_memory_fraction`), to see how
+  a failure spreads across rows. Then (`engine_syncs`) the host-device synchronisations of one
+  decode step and of sampling at 32 rows (`torch.cuda.set_sync_debug_mode`).
+- `parity`: bf16 log-probs of the `hf` generator's samples against the learner's recompute
+  (Qwen2.5-0.5B, LM head scaled so the next-token distribution is peaked as a trained
+  model's: its mean entropy is reported).
+- `fourbit`: an NF4 4-bit base (bitsandbytes, carried as a wheel) + LoRA through the project's
+  own `load_policy`, the trainer's stress test at 8K and one optimizer step, peak memory.
+- `learner32b`: the learner on Qwen2.5-32B with LoRA at 8K and 16K tokens (its 64 layers when
+  they fit the card with room for activations, else as many as fit, said in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Published shapes (config.json of each Qwen2.5-*-Instruct); "tiny" is for --tiny on a CPU.
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       tie_word_embeddings=False),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                        tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                 tie_word_embeddings=False),
+}  # fmt: skip
+BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
+SECTIONS = ("env", "sdpa", "learner", "logprobs", "engine", "parity", "learner32b", "fourbit")
+TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one device call)
+    "env": 60, "sdpa": 60, "learner": 150, "logprobs": 60, "engine": 180, "parity": 60,
+    "learner32b": 120, "fourbit": 120,
+}  # fmt: skip
+H100_BYTES = 80e9  # an H100 SXM's memory, for the capped engine run
+PARITY_SCALES = (4.0, 8.0)  # LM-head scales: next-token entropies of 9 and 1.3 nats on 0.5B
+ENGINE_RUNS = {  # the engine section's runs: (kv_cache_mb, memory cap in bytes)
+    "default": (1024, None), "slots": (0, None), "slots-h100": (0, H100_BYTES),
+}  # fmt: skip
+
+
+# -- plumbing -------------------------------------------------------------------------------
+class Out:
+    """Appends result rows to DIR/results.jsonl as they come (nothing lost to a later crash)."""
+
+    def __init__(self, directory: Path, section: str, tiny: bool, engine_runs: Any = ()):
+        self.path, self.section, self.tiny = directory / "results.jsonl", section, tiny
+        self.engine_runs = list(engine_runs) or list(ENGINE_RUNS)
+
+    def row(self, **fields: Any) -> None:
+        fields = {"section": self.section, **fields}
+        print(json.dumps(fields), flush=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def device(tiny: bool) -> Any:
+    import torch
+
+    return torch.device("cpu" if tiny else "cuda")
+
+
+def reset_peak(tiny: bool) -> None:
+    import torch
+
+    if not tiny:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib(tiny: bool) -> float | None:
+    import torch
+
+    return None if tiny else round(torch.cuda.max_memory_allocated() / 2**30, 2)
+
+
+def allocated_gib(tiny: bool) -> float | None:
+    import torch
+
+    return None if tiny else round(torch.cuda.memory_allocated() / 2**30, 2)
+
+
+def sync(tiny: bool) -> None:
+    import torch
+
+    if not tiny:
+        torch.cuda.synchronize()
+
+
+def card_peak() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in BF16_PEAK.items() if key in name), None)
+
+
+def build_model(shape: str, tiny: bool, *, layers: int | None = None, dtype: str = "bfloat16"):
+    """A Qwen2 causal LM of `shape` with random weights, built on the device in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    dims = dict(SHAPES["tiny" if tiny else shape])
+    if layers is not None:
+        dims["num_hidden_layers"] = layers
+    config = Qwen2Config(
+        **dims, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6,
+        use_sliding_window=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device(tiny)):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    return model
+
+
+def tokenizer(vocab: int) -> Any:
+    """A word-level fast tokenizer (pad 0, eos 1, " the" 2): enough for the learner's needs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<pad>": 0, "<eos>": 1, "the": 2, "<unk>": 3}
+    words.update({f"w{i}": i for i in range(4, vocab)})
+    core = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def body_params(model: Any) -> int:
+    """Parameters of the decoder layers and the final norm (no embedding, no LM head)."""
+    from loop.model.aliases import causal_lm
+
+    inner = causal_lm(model).model
+    return sum(p.numel() for p in inner.layers.parameters()) + sum(
+        p.numel() for p in inner.norm.parameters()
+    )
+
+
+def forward_flops(model: Any, tokens: int, outputs: int) -> float:
+    """Model FLOPs of one forward pass (see the module docstring)."""
+    from loop.model.aliases import causal_lm
+
+    config = causal_lm(model).config
+    d_attn = config.num_attention_heads * (config.hidden_size // config.num_attention_heads)
+    return (
+        2 * body_params(model) * tokens
+        + 2 * config.vocab_size * config.hidden_size * outputs
+        + 2 * config.num_hidden_layers * d_attn * tokens * tokens
+    )
+
+
+def synthetic_sample(tokens: int, vocab: int, seed: int) -> Any:
+    """One rollout of random ids, its last 90% output (the trainer's stress-test layout)."""
+    import torch
+
+    from loop.learner.batch import Sample
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (tokens,), generator=generator)
+    is_output = torch.zeros(tokens, dtype=torch.bool)
+    is_output[tokens // 10 :] = True
+    return Sample(
+        ids, is_output, torch.full((tokens,), math.nan), torch.where(is_output, 0, -1),
+        torch.where(is_output, 1.0, 0.0),
+    )  # fmt: skip
+
+
+# -- sections -------------------------------------------------------------------------------
+def section_env(out: Out) -> None:
+    import torch
+
+    row: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if out.tiny:
+        out.row(**row, device="cpu")
+        return
+    import transformers
+
+    props = torch.cuda.get_device_properties(0)
+    row.update(
+        device=torch.cuda.get_device_name(), memory_gib=round(props.total_memory / 2**30, 1),
+        sms=props.multi_processor_count, capability=f"{props.major}.{props.minor}",
+        transformers=transformers.__version__, spec_bf16_tflops=(card_peak() or 0) / 1e12,
+    )  # fmt: skip
+    try:
+        import peft
+
+        row["peft"] = peft.__version__
+    except ImportError:
+        row["peft"] = None
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    row["matmul_bf16_tflops"] = round(10 * 2 * 8192**3 / (time.perf_counter() - start) / 1e12, 1)
+    out.row(**row)
+
+
+def section_sdpa(out: Out) -> None:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    heads, kv_heads, dim = (4, 2, 16) if out.tiny else (28, 4, 128)
+    length = 256 if out.tiny else 8192
+    backends = {"math": SDPBackend.MATH}
+    if not out.tiny:
+        backends.update(flash=SDPBackend.FLASH_ATTENTION, efficient=SDPBackend.EFFICIENT_ATTENTION,
+                        cudnn=SDPBackend.CUDNN_ATTENTION)  # fmt: skip
+    for dtype in (torch.bfloat16, torch.float32):
+        for name, backend in backends.items():
+            for gqa in ("enable_gqa", "repeat_kv"):
+                shape = (1, heads, length, dim)
+                q = torch.randn(shape, device=device(out.tiny), dtype=dtype, requires_grad=True)
+                kv_shape = (1, kv_heads, length, dim)
+                k = torch.randn(kv_shape, device=device(out.tiny), dtype=dtype, requires_grad=True)
+                v = torch.randn(kv_shape, device=device(out.tiny), dtype=dtype, requires_grad=True)
+                row: dict[str, Any] = dict(
+                    dtype=str(dtype).removeprefix("torch."), backend=name, gqa=gqa, tokens=length
+                )
+                try:
+                    reset_peak(out.tiny)
+                    start = time.perf_counter()
+                    with sdpa_kernel(backend):
+                        for _ in range(2):
+                            if gqa == "enable_gqa":
+                                o = scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                 enable_gqa=True)  # fmt: skip
+                            else:
+                                groups = heads // kv_heads
+                                o = scaled_dot_product_attention(
+                                    q, k.repeat_interleave(groups, 1),
+                                    v.repeat_interleave(groups, 1), is_causal=True,
+                                )  # fmt: skip
+                            o.sum().backward()
+                    sync(out.tiny)
+                    row.update(ok=True, ms=round((time.perf_counter() - start) / 2 * 1e3, 2),
+                               peak_gib=peak_gib(out.tiny))  # fmt: skip
+                except Exception as exc:  # a backend that refuses the shape: recorded, not fatal
+                    row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+                out.row(**row)
+
+
+def run_learner(out: Out, shape: str, mode: str, lengths: list[int], layers: int | None) -> None:
+    """The project's Learner on one synthetic rollout per length (see the module docstring)."""
+    import torch
+
+    from loop.learner.learner import Learner
+    from loop.learner.settings import LearnerSettings
+    from loop.model.policy import LoraSettings, policy_from_model
+
+    model = build_model(shape, out.tiny, layers=layers)
+    vocab = model.config.vocab_size
+    lora = LoraSettings(rank=16, alpha=32) if mode == "lora" else None
+    policy = policy_from_model(
+        model, tokenizer(64), device(out.tiny), lora=lora, gradient_checkpointing=True
+    )
+    settings = LearnerSettings(
+        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
+        logprob_chunk_size=1024, max_grad_norm=1.0,
+    )  # fmt: skip
+    learner = Learner(policy, settings)
+    weights = allocated_gib(out.tiny)
+    peak = card_peak()
+    learner.recompute_old_logprobs([synthetic_sample(512, vocab, 0)])  # warm-up: kernels chosen
+    learner.learn([learner_sample(512, vocab)], seed=0)
+    for tokens in lengths:
+        row: dict[str, Any] = dict(model=shape, mode=mode, tokens=tokens, layers=layers or
+                                   model.config.num_hidden_layers, weights_gib=weights)  # fmt: skip
+        try:
+            sample = synthetic_sample(tokens, vocab, tokens)
+            reset_peak(out.tiny)
+            start = time.perf_counter()
+            learner.recompute_old_logprobs([sample])
+            sync(out.tiny)
+            forward_s = time.perf_counter() - start
+            forward_peak = peak_gib(out.tiny)
+            step_times = []
+            reset_peak(out.tiny)
+            for _ in range(1 if out.tiny else 2):
+                start = time.perf_counter()
+                learner.learn([sample], seed=0)
+                sync(out.tiny)
+                step_times.append(time.perf_counter() - start)
+            step_s = min(step_times)
+            flops = forward_flops(policy.model, tokens, int(sample.is_output.sum()))
+            factor = 2 if mode == "lora" else 3
+            row.update(
+                forward_s=round(forward_s, 3), forward_tok_s=round(tokens / forward_s),
+                forward_peak_gib=forward_peak, step_s=round(step_s, 3),
+                step_tok_s=round(tokens / step_s), step_peak_gib=peak_gib(out.tiny),
+                forward_mfu=round(flops / forward_s / peak, 3) if peak else None,
+                step_mfu=round(factor * flops / step_s / peak, 3) if peak else None,
+            )  # fmt: skip
+        except torch.OutOfMemoryError as exc:
+            row.update(error=f"OutOfMemoryError: {str(exc)[:120]}")
+            learner.optimizer.zero_grad(set_to_none=True)
+        out.row(**row)
+        if "error" in row:
+            break  # a longer sequence will not fit either
+    del learner, policy, model
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def learner_sample(tokens: int, vocab: int) -> Any:
+    """A synthetic sample with old log-probs set (ready for `learn`)."""
+    import torch
+
+    sample = synthetic_sample(tokens, vocab, 1)
+    sample.old_logprobs = torch.zeros(tokens)
+    return sample
+
+
+def section_learner(out: Out) -> None:
+    lengths = [256, 512] if out.tiny else [8192, 16384, 32768]
+    for shape in ("qwen2.5-0.5b", "qwen2.5-7b"):
+        for mode in ("lora", "full"):
+            run_learner(out, shape, mode, lengths, None)
+
+
+def section_learner32b(out: Out) -> None:
+    import torch
+
+    layers = None
+    if not out.tiny:
+        dims = SHAPES["qwen2.5-32b"]
+        h, i, kvh = dims["hidden_size"], dims["intermediate_size"], dims["num_key_value_heads"]
+        per_layer = 2 * (2 * h * h + 2 * h * kvh * 128 + 3 * h * i)  # bf16 q, o, k, v, MLP
+        fixed = 2 * 2 * dims["vocab_size"] * h
+        free = torch.cuda.mem_get_info()[0]
+        room = free - fixed - 30e9  # activations and the LoRA optimizer at 16K tokens
+        fit = int(room // per_layer)
+        layers = None if fit >= dims["num_hidden_layers"] else max(fit, 1)
+    run_learner(out, "qwen2.5-32b", "lora", [256] if out.tiny else [8192, 16384], layers)
+
+
+def section_logprobs(out: Out) -> None:
+    import torch
+
+    from loop.learner.logprobs import token_logprobs, token_logprobs_naive
+
+    model = build_model("qwen2.5-0.5b", out.tiny)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    model.train()
+    vocab = model.config.vocab_size
+    for tokens in [256, 512] if out.tiny else [8192, 16384, 32768]:
+        ids = torch.randint(4, vocab, (1, tokens), device=device(out.tiny))
+        for method in ("chunked", "naive"):
+            row: dict[str, Any] = dict(method=method, tokens=tokens, vocab=vocab)
+            try:
+                model.zero_grad(set_to_none=True)
+                reset_peak(out.tiny)
+                before = allocated_gib(out.tiny)
+                start = time.perf_counter()
+                if method == "chunked":
+                    logprobs = token_logprobs(model, ids, chunk_size=1024)
+                else:
+                    logprobs = token_logprobs_naive(model, ids)
+                logprobs.sum().backward()
+                sync(out.tiny)
+                peak = peak_gib(out.tiny)
+                extra = None if peak is None or before is None else round(peak - before, 2)
+                row.update(seconds=round(time.perf_counter() - start, 3), extra_peak_gib=extra)
+                del logprobs
+            except torch.OutOfMemoryError as exc:
+                row.update(error=f"OutOfMemoryError: {str(exc)[:120]}")
+            out.row(**row)
+
+
+def section_engine(out: Out) -> None:
+    import asyncio
+
+    import torch
+
+    from loop.generators.base import Generation, SamplingParams
+    from loop.generators.hf import HFGenerator
+    from loop.model.policy import policy_from_model
+
+    rows, prompt_len, new = (4, 300, 16) if out.tiny else (32, 8100, 32)
+    model = build_model("qwen2.5-7b", out.tiny)
+    model.eval()
+    policy = policy_from_model(model, tokenizer(64), device(out.tiny))
+    vocab = model.config.vocab_size
+    weights = allocated_gib(out.tiny)
+    for store_mb, cap in (ENGINE_RUNS[name] for name in out.engine_runs):
+        if cap is not None:
+            if out.tiny:
+                continue
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0))
+        generator = HFGenerator(policy, max_batch_size=rows, kv_cache_mb=store_mb)
+        prompts = [
+            torch.randint(4, vocab, (prompt_len,), generator=torch.Generator().manual_seed(i))
+            for i in range(rows)
+        ]
+        params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
+
+        async def run(
+            gen: HFGenerator = generator, asks: list[Any] = prompts, how: Any = params
+        ) -> list[Any]:
+            calls = [gen.generate(p.tolist(), how) for p in asks]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            await gen.close()
+            return results
+
+        reset_peak(out.tiny)
+        start = time.perf_counter()
+        results = asyncio.run(run())
+        sync(out.tiny)
+        seconds = time.perf_counter() - start
+        done = [r for r in results if isinstance(r, Generation)]
+        errors = sorted({f"{type(r).__name__}: {str(r)[:160]}" for r in results if r not in done})
+        engine = generator.engine
+        out.row(
+            rows=rows, prompt_tokens=prompt_len, max_new_tokens=new, kv_cache_mb=store_mb,
+            memory_cap_gb=None if cap is None else cap / 1e9, weights_gib=weights,
+            seconds=round(seconds, 1), rows_ok=len(done), rows_failed=len(results) - len(done),
+            errors=errors, tokens_generated=sum(len(r.token_ids) for r in done),
+            peak_gib=peak_gib(out.tiny),
+            slots_gib=None if engine is None else round(engine.nbytes / 2**30, 2),
+            kv_store_gib=round(generator.cache.nbytes / 2**30, 2),
+            held_after_gib=None if weights is None else round(allocated_gib(out.tiny) - weights, 2),
+        )  # fmt: skip
+        del generator, engine, results, done
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    decode_syncs(Out(out.path.parent, "engine_syncs", out.tiny), policy, vocab, rows)
+
+
+def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
+    """Host-device synchronisations and time of one decode step at 32 short rows."""
+    import warnings
+
+    import torch
+
+    from loop.generators.base import SamplingParams
+    from loop.generators.engine import DecoderEngine, Row
+    from loop.generators.sampling import pick_tokens
+
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    engine = DecoderEngine(policy.model, max_rows=rows)
+    with torch.no_grad():
+        active = []
+        for _ in range(rows):
+            row = Row(ids=[])
+            engine.add(row, None)
+            engine.prefill(row, torch.randint(4, vocab, (256,)).tolist())
+            active.append(row)
+        params = [SamplingParams(max_new_tokens=8)] * rows
+        tokens = [5] * rows
+        logits = engine.decode(active, tokens)  # warm-up
+        sync(out.tiny)
+        counts = {}
+        for part in ("decode", "sample"):
+            if not out.tiny:
+                torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                start = time.perf_counter()
+                if part == "decode":
+                    logits = engine.decode(active, tokens)
+                else:
+                    pick_tokens(logits, params, [None] * rows, [[] for _ in range(rows)],
+                                [[] for _ in range(rows)], [None] * rows)  # fmt: skip
+                sync(out.tiny)
+                ms = (time.perf_counter() - start) * 1e3
+            if not out.tiny:
+                torch.cuda.set_sync_debug_mode("default")
+            counts[part] = (sum("synchroniz" in str(w.message) for w in caught), round(ms, 1))
+    out.row(rows=rows, context=256, decode_syncs=counts["decode"][0],
+            decode_ms=counts["decode"][1], sample_syncs=counts["sample"][0],
+            sample_ms=counts["sample"][1])  # fmt: skip
+
+
+def section_parity(out: Out) -> None:
+    import asyncio
+
+    import torch
+
+    from loop.generators.base import SamplingParams
+    from loop.generators.hf import HFGenerator
+    from loop.learner.logprobs import token_logprobs
+    from loop.model.policy import policy_from_model
+
+    model = build_model("qwen2.5-0.5b", out.tiny)
+    model.eval()
+    policy = policy_from_model(model, tokenizer(64), device(out.tiny))
+    vocab, rows, new = model.config.vocab_size, 8, 128
+    prompts = [torch.randint(4, vocab, (512,)).tolist() for _ in range(rows)]
+    head = model.get_output_embeddings().weight
+    original = head.detach().clone()
+    for scale in PARITY_SCALES:
+        with torch.no_grad():  # a peaked next-token distribution, as a trained model's
+            head.copy_(original * scale)
+        generator = HFGenerator(policy, max_batch_size=rows)
+
+        async def run(gen: HFGenerator = generator) -> list[Any]:
+            params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=1)
+            results = await asyncio.gather(*(gen.generate(p, params) for p in prompts))
+            await gen.close()
+            return list(results)
+
+        generations = asyncio.run(run())
+        diffs, entropies = [], []
+        with torch.no_grad():
+            for prompt, gen in zip(prompts, generations, strict=True):
+                ids = torch.tensor([prompt + gen.token_ids], device=device(out.tiny))
+                learner = token_logprobs(model, ids)[0, len(prompt) :].float().cpu()
+                diffs.append((learner - torch.tensor(gen.logprobs)).abs())
+                logits = model(ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+                entropies.append(-(logits.exp() * logits).sum(-1).cpu())
+        diff = torch.cat(diffs)
+        sampled = torch.cat([torch.tensor(g.logprobs) for g in generations])
+        out.row(dtype="bfloat16", head_scale=scale, rows=rows, tokens=int(diff.numel()),
+                entropy_nats=round(float(torch.cat(entropies).mean()), 2),
+                sampled_logprob_mean=round(float(sampled.mean()), 3),
+                abs_logprob_diff_mean=float(diff.mean()), abs_logprob_diff_max=float(diff.max()),
+                ratio_minus_1_max=float((diff.exp() - 1).max()))  # fmt: skip
+
+
+def section_fourbit(out: Out) -> None:
+    import tempfile
+
+    import torch
+
+    from loop.learner.learner import Learner
+    from loop.learner.settings import LearnerSettings
+    from loop.model.policy import LoraSettings, load_policy
+
+    if out.tiny:
+        out.row(skipped="4-bit needs a CUDA GPU and bitsandbytes")
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        model = build_model("qwen2.5-7b", out.tiny)
+        model.save_pretrained(folder)
+        tokenizer(64).save_pretrained(folder)
+        vocab = model.config.vocab_size
+        del model
+        torch.cuda.empty_cache()
+        reset_peak(out.tiny)
+        policy = load_policy(folder, dtype="bfloat16", device="cuda", attn_implementation="sdpa",
+                             lora=LoraSettings(rank=16, alpha=32), load_in_4bit=True,
+                             gradient_checkpointing=True)  # fmt: skip
+    weights = allocated_gib(out.tiny)
+    settings = LearnerSettings(lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1)
+    learner = Learner(policy, settings)
+    for tokens in (8192, 16384):
+        reset_peak(out.tiny)
+        start = time.perf_counter()
+        loss = learner.stress_test(tokens)
+        sync(out.tiny)
+        stress_s = time.perf_counter() - start
+        stress_peak = peak_gib(out.tiny)
+        sample = learner_sample(tokens, vocab)
+        reset_peak(out.tiny)
+        start = time.perf_counter()
+        learner.learn([sample], seed=0)
+        sync(out.tiny)
+        out.row(model="qwen2.5-7b", base="nf4", tokens=tokens, weights_gib=weights,
+                stress_loss_finite=math.isfinite(loss), stress_s=round(stress_s, 2),
+                stress_peak_gib=stress_peak, step_s=round(time.perf_counter() - start, 2),
+                step_peak_gib=peak_gib(out.tiny))  # fmt: skip
+
+
+# -- driver ---------------------------------------------------------------------------------
+def run_section(name: str, directory: Path, tiny: bool, engine_runs: list[str]) -> None:
+    out = Out(directory, name, tiny, engine_runs)
+    start = time.perf_counter()
+    try:
+        globals()[f"section_{name}"](out)
+    except Exception as exc:
+        out.row(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        raise
+    finally:
+        print(f"[{name}] {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def table(directory: Path) -> str:
+    """The results as markdown, one table per section."""
+    rows = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines()]
+    lines = []
+    for section in dict.fromkeys(r["section"] for r in rows):
+        group = [
+            {k: v for k, v in r.items() if k != "section"} for r in rows if r["section"] == section
+        ]
+        keys = list(dict.fromkeys(k for r in group for k in r))
+        lines += [f"### {section}", "", "| " + " | ".join(keys) + " |",
+                  "|" + "---|" * len(keys)]  # fmt: skip
+        lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in group]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for results.jsonl, table.md"
+    )
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="seconds for all sections (none started "
+        "with under 30 s left; each gets at most what is left)",
+    )
+    parser.add_argument("--engine-runs", nargs="+", choices=ENGINE_RUNS, default=list(ENGINE_RUNS))
+    parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # a child's
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.section:
+        run_section(args.section, args.out, args.tiny, args.engine_runs)
+        return
+    deadline = time.monotonic() + (args.budget or math.inf)
+    for name in args.sections:
+        command = [sys.executable, __file__, "--out", str(args.out), "--section", name]
+        command += ["--engine-runs", *args.engine_runs]
+        left = deadline - time.monotonic()
+        if left < 30:
+            Out(args.out, name, args.tiny).row(error="not run: the budget was spent")
+            continue
+        limit = int(min(TIME_LIMITS[name] * (3 if args.tiny else 1), left))
+        try:
+            done = subprocess.run(command + (["--tiny"] if args.tiny else []), timeout=limit)
+            if done.returncode:
+                print(f"[{name}] exited {done.returncode}", flush=True)
+        except subprocess.TimeoutExpired:
+            Out(args.out, name, args.tiny).row(error=f"timed out after {limit} s")
+    (args.out / "table.md").write_text(table(args.out))
+    print(table(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""benchmarks/bench_gpu.py runs end to end (`--tiny`: its sections on a 2-layer model on the CPU),
+so the script a GPU is lent for works before the GPU is spent on it.
+
+Run: python -m pytest tests/loop/test_bench_gpu.py -q        (`slow`: about 2 minutes)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
+    sections = ["env", "sdpa", "learner", "logprobs", "engine", "parity"]
+    command = [sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--out", str(tmp_path)]
+    done = subprocess.run(
+        [*command, "--tiny", "--sections", *sections], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if "error" in r]
+    by_section: dict[str, list[dict]] = {}
+    for row in rows:
+        by_section.setdefault(row["section"], []).append(row)
+    assert set(by_section) == {*sections, "engine_syncs"}
+    learner = by_section["learner"]
+    assert len(learner) == 8 and all(r["step_tok_s"] > 0 and r["forward_s"] > 0 for r in learner)
+    assert {(r["model"], r["mode"]) for r in learner} == {
+        (m, t) for m in ("qwen2.5-0.5b", "qwen2.5-7b") for t in ("lora", "full")
+    }
+    assert all(r["rows_ok"] == r["rows"] for r in by_section["engine"])
+    assert all(r["abs_logprob_diff_max"] < 0.1 for r in by_section["parity"])
+    assert "### learner" in (tmp_path / "table.md").read_text()
