@@ -16,6 +16,16 @@ What is recorded: the text always. Token ids and log-probs when the server gives
 True. Otherwise the text is re-tokenised with `tokenizer`, `token_exact` is False and
 `logprobs` is None (log-probs of the server's own tokens would not line up with our ids).
 
+Which modes are token-exact: only `completions` with token ids. The two text modes (the plain
+fallback and `chat`) send text that the server tokenises again, special tokens included: an
+observation that prints `<|im_start|>assistant` reaches the model as a real turn boundary,
+which our trajectory (tokenised with special tokens split) does not contain. Each request in a
+text mode counts the special-token texts of `tokenizer` that the agent's text carried in
+(`metadata["forged_special_tokens"]`: in the plain fallback those beyond the special ids of the
+prompt itself, in `chat` every one in the messages' content); a count above zero also makes
+`token_exact` False, and the episode loop adds it to `Trajectory.forged_special_tokens`, so
+such a rollout is marked, never silently taken for what it sampled.
+
 Failures: 429, 5xx, connection errors and timeouts are retried with exponential backoff
 (honouring `Retry-After`), at most `max_retries` times; then, and at once for other 4xx, a
 `GeneratorError` with the status and the server's message on one line.
@@ -68,6 +78,7 @@ class OpenAIGenerator:
         self.model, self.mode, self.tokenizer = model, mode, tokenizer
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.plain_completions = False  # set once the server has refused token-id prompts
+        self._specials = _special_texts(tokenizer)
         api_key = os.environ.get(api_key_env)
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
@@ -90,7 +101,8 @@ class OpenAIGenerator:
                 if messages is None:
                     raise GeneratorError("the openai generator in chat mode needs messages=")
                 body = await self._post("/chat/completions", self._chat_body(messages, params))
-                return self._parse_chat(body, params)
+                forged = sum(self._special_count(m.get("content") or "") for m in messages)
+                return _marked(self._parse_chat(body, params), forged)
             return await self._complete(prompt_token_ids, params)
 
     def load_adapter(self, path: Path | None) -> None:
@@ -113,9 +125,17 @@ class OpenAIGenerator:
             except _BadRequestError as refused:
                 if self.tokenizer is None:
                     raise GeneratorError(str(refused)) from None
-        body = await self._post("/completions", self._plain_body(prompt_token_ids, params))
+        plain = self._plain_body(prompt_token_ids, params)
+        body = await self._post("/completions", plain)
         self.plain_completions = True  # the plain request worked where the token one did not
-        return self._parse_completion(body, params, prompt_as="text")
+        assert self.tokenizer is not None
+        own = sum(1 for t in prompt_token_ids if t in set(self.tokenizer.all_special_ids))
+        forged = max(0, self._special_count(plain["prompt"]) - own)
+        return _marked(self._parse_completion(body, params, prompt_as="text"), forged)
+
+    def _special_count(self, text: str) -> int:
+        """How many of the tokenizer's special-token texts occur in `text`."""
+        return len(self._specials.findall(text)) if self._specials is not None else 0
 
     def _sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -225,6 +245,27 @@ class OpenAIGenerator:
 
 class _BadRequestError(GeneratorError):
     """A 400 answer: the request itself was refused (and retrying it unchanged is pointless)."""
+
+
+def _special_texts(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
+    """A pattern of the tokenizer's special-token texts, longest first (None: no tokenizer)."""
+    if tokenizer is None:
+        return None
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
+    texts = {text for text in texts if text}
+    if not texts:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+
+
+def _marked(generation: Generation, forged: int) -> Generation:
+    """`generation` with the text-mode count of forged special tokens in its metadata."""
+    generation.metadata["forged_special_tokens"] = forged
+    if forged:
+        generation.metadata["token_exact"] = False
+    return generation
 
 
 def _first_choice(body: dict[str, Any]) -> dict[str, Any]:

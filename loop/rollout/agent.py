@@ -119,6 +119,8 @@ async def run_episode(
             traj.status, traj.error = "generator_error", str(exc)
             break
         traj.token_exact &= bool(generation.metadata.get("token_exact", True))
+        forged = generation.metadata.get("forged_special_tokens", 0)
+        traj.forged_special_tokens += forged if isinstance(forged, int) else 0
         turn = _record_output(traj, tokenizer, generation)
         if turn.code is None:
             observation = NO_CODE

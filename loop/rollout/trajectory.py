@@ -92,6 +92,9 @@ class Trajectory:
     status: RolloutStatus = "ok"
     error: str | None = None  # why an infrastructure status was given
     token_exact: bool = True  # False when a backend returned text that had to be re-tokenised
+    # Special-token texts the agent's text carried into a text-mode prompt, which the server
+    # tokenised as real special tokens (loop/generators/openai.py); 0 in token-id modes
+    forged_special_tokens: int = 0
     memory_turns: int | None = None  # the prompts' memory window (None: the whole history)
     duration_s: float = 0.0
     cell_time_s: float = 0.0  # wall time spent running the agent's cells (for attribution)
