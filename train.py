@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -55,9 +56,9 @@ def run(config_path: Path, overrides: list[str]) -> int:
         print("train.py: interrupted; run the same command again to resume from the last "
               "checkpoint", file=sys.stderr)  # fmt: skip
         return 130
-    print(
-        f"done: {config.run_dir} (final reward {metrics.get('rollout/reward_mean', math.nan):.3f})"
-    )
+    if os.environ.get("RANK", "0") == "0":  # one summary line per run, not per process
+        reward = metrics.get("rollout/reward_mean", math.nan)
+        print(f"done: {config.run_dir} (final reward {reward:.3f})")
     return 0
 
 

@@ -129,7 +129,10 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     from loop.model import distributed
     from loop.model.policy import LoraSettings, load_policy
 
-    distributed.init_from_env()  # under torchrun / accelerate launch; before the model loads
+    distributed.init_from_env(  # under torchrun / accelerate launch; before the model loads
+        collective_timeout_s=config.train.collective_timeout_s,
+        wait_timeout_s=config.train.rollout_wait_timeout_s,
+    )
     _set_torch_threads(config)
     if config.train.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -202,6 +205,7 @@ def _vllm_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
         max_lora_rank=max(config.model.lora_rank, 1),
         seed=config.seed,
         tensor_parallel_size=config.generator.tensor_parallel_size,
+        devices=config.generator.devices,
     )
 
 

@@ -11,6 +11,26 @@ from loop.config_types import CRITIC_ADVANTAGES, ConfigError, RunConfig, TrainCo
 from tasks import GoldSolutions, TaskSuite, suite_class
 
 
+def check_devices(config: RunConfig, world_size: int) -> None:
+    """The vLLM engine's GPUs (`generator.devices`): one per tensor-parallel rank, distinct, and
+    none of the learners' (a process per GPU 0..n-1 under a launcher)."""
+    devices = config.generator.devices
+    if not devices:
+        return
+    tp = config.generator.tensor_parallel_size
+    if len(devices) != tp or len(set(devices)) != len(devices) or min(devices) < 0:
+        raise ConfigError(
+            f"generator.devices {devices}: give {tp} distinct GPU indices, one per "
+            f"generator.tensor_parallel_size"
+        )
+    shared = sorted(set(devices) & set(range(world_size))) if world_size > 1 else []
+    if shared:
+        raise ConfigError(
+            f"generator.devices {devices} overlap the {world_size} learners' GPUs "
+            f"0..{world_size - 1} (GPU {shared[0]}): give the engine other GPUs"
+        )
+
+
 def check_run(config: RunConfig, world_size: int) -> None:
     """What training with `world_size` learner processes needs: weights to train, the
     learner's and the sampler's distributions equal, minibatches that shard equally, and
@@ -25,6 +45,12 @@ def check_run(config: RunConfig, world_size: int) -> None:
         )
     if config.generator.backend == "hf" and world_size > 1:
         raise ConfigError("several learner processes need generator.backend vllm, not hf")
+    check_devices(config, world_size)
+    if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
+        raise ConfigError(
+            "train.collective_timeout_s and train.rollout_wait_timeout_s must be > 0, got "
+            f"{config.train.collective_timeout_s}, {config.train.rollout_wait_timeout_s}"
+        )
     if config.train.minibatch_size % world_size:
         raise ConfigError(
             f"train.minibatch_size={config.train.minibatch_size} must be a multiple of the "

@@ -91,6 +91,12 @@ class GeneratorConfig:
     gpu_memory_utilization: float = doc(0.4, "vllm: share of (GPU or CPU KV) memory for the engine")
     max_model_len: int = doc(8192, "vllm: longest sequence the engine plans for")
     tensor_parallel_size: int = doc(1, "vllm: GPUs one engine spans")
+    devices: list[int] = doc_factory(
+        list,
+        "vllm: the GPUs of the engine's processes (CUDA_VISIBLE_DEVICES for them; [] = those "
+        "the trainer sees); with several learner processes they must not be the learners' "
+        "GPUs 0..n-1",
+    )
     base_url: str | None = doc(None, "openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
     served_model: str | None = doc(None, "openai: the model name the endpoint serves")
     openai_mode: Literal["completions", "chat"] = doc(
@@ -240,6 +246,18 @@ class TrainConfig:
     tensorboard: bool = doc(True, "write TensorBoard events to <run_dir>/tb/")
     wandb_project: str | None = doc(None, "log to Weights & Biases too (needs wandb installed)")
     deterministic: bool = doc(False, "torch deterministic algorithms (reproducible on CPU)")
+    collective_timeout_s: float = doc(
+        3600.0,
+        "several learner processes: a collective of the learners (an all-reduce, a "
+        "checkpoint gather) that waits longer fails the run ([C]: init_process_group's 3,600 "
+        "s; torch's own default is 600 s for nccl)",
+    )
+    rollout_wait_timeout_s: float = doc(
+        6 * 3600.0,
+        "several learner processes: how long ranks 1.. wait for rank 0 to evaluate and "
+        "collect an iteration's rollouts (a separate gloo group, so this long wait does not "
+        "loosen collective_timeout_s)",
+    )
 
 
 @dataclass

@@ -383,7 +383,7 @@ def select_samples(
         if keep[i]:
             advantages, reward = credit.turn_advantages[i], credit.rewards[i]
             samples += make_samples(traj, advantages, max_seq_len, i, reward)
-    samples = distributed.broadcast_object(samples)
+    samples = distributed.wait_for_main(samples)  # rank 0 alone evaluated and collected
     shuffle = torch.Generator().manual_seed(shuffle_seed(seed, iteration))
     order = torch.randperm(len(samples), generator=shuffle)
     shard = [samples[int(i)] for i in order][distributed.rank() :: world]

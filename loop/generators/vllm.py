@@ -19,10 +19,13 @@ LoRA: `load_adapter(path)` makes every later request carry a `LoRARequest` for t
 under a fresh integer id, so vLLM loads the new weights even when the trainer overwrites the
 same directory each iteration; requests already running keep the adapter they started with.
 
-The engine core and its worker run in child processes (vLLM's multiprocessing client);
-`close()` shuts them down and reaps them. The first `generate` binds the engine's output
-handler to the running event loop: use one event loop per generator. vLLM is imported inside
-the class, so this module imports without it (`pip install 'loop-trainer[vllm]'`).
+The engine core and its worker run in child processes (vLLM's multiprocessing client),
+started without the launcher's variables and on `devices` when given
+(loop/generators/launch_env.py: under torchrun they would otherwise hang in their own
+rendezvous, or take the learners' GPUs); `close()` shuts them down and reaps them. The
+first `generate` binds the engine's output handler to the running event loop: use one event
+loop per generator. vLLM is imported inside the class, so this module imports without it
+(`pip install 'loop-trainer[vllm]'`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ import itertools
 import json
 import logging
 import multiprocessing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from loop.config_types import one_line
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.launch_env import launcher_free_environ
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +63,15 @@ class VLLMGenerator:
         max_lora_rank: int = 16,
         seed: int = 0,
         enforce_eager: bool = True,
+        devices: Sequence[int] = (),
         **engine_kwargs: Any,
     ):
         """Start the engine (tens of seconds on CPU); failures become `GeneratorError`.
 
-        `gpu_memory_utilization` also sizes the KV cache of the CPU build. `engine_kwargs` go
-        to `vllm.AsyncEngineArgs` unchanged and override the defaults set here.
+        `gpu_memory_utilization` also sizes the KV cache of the CPU build. `devices`: the GPUs
+        the engine's workers use (`CUDA_VISIBLE_DEVICES` for its processes; empty: those this
+        process sees). `engine_kwargs` go to `vllm.AsyncEngineArgs` unchanged and override the
+        defaults set here.
         """
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
@@ -94,7 +102,8 @@ class VLLMGenerator:
         settings.update(_stale_gguf_override(model))
         settings.update(engine_kwargs)
         try:
-            self._engine: Any = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
+            with launcher_free_environ(devices):
+                self._engine: Any = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
         except Exception as exc:
             raise GeneratorError(
                 f"vLLM engine failed to start ({model}): {one_line(exc, typed=True)}"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -47,6 +48,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from loop.model import aliases
+
+_groups: dict[str, Any] = {}  # "wait": the gloo group of `wait_for_main`, once initialised
 
 
 def is_distributed() -> bool:
@@ -96,6 +99,18 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
+def wait_for_main(obj: Any) -> Any:
+    """Rank 0's `obj` on every process, after however long rank 0 alone works on it (an
+    evaluation, an iteration's rollouts): through the wait group (gloo, the long
+    `wait_timeout_s`), not the learners' group, whose short timeout still stops a stuck
+    collective."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_groups.get("wait"))
+    return box[0]
+
+
 def barrier() -> None:
     """Wait for every process."""
     if is_distributed():
@@ -108,24 +123,35 @@ def launched_world_size() -> int:
     return max(1, int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def init_from_env() -> bool:
+def init_from_env(
+    *, collective_timeout_s: float = 3600.0, wait_timeout_s: float = 6 * 3600.0
+) -> bool:
     """Join the process group a launcher describes in the environment; True when distributed.
 
     Does nothing (and returns False) without `WORLD_SIZE` > 1, and nothing twice. On a machine
     with CUDA each process takes the GPU `LOCAL_RANK` and talks nccl; on CPU, gloo. Call it
     before the model is loaded, so that `device="cuda"` means this process's GPU.
+    Two groups: the learners' (their collectives fail after `collective_timeout_s`) and a gloo
+    "wait" group for `wait_for_main` (`wait_timeout_s`, hours: rank 0 alone evaluates and
+    collects rollouts meanwhile, which an nccl collective's watchdog would kill at 10 minutes).
     """
     if launched_world_size() <= 1:
         return False
     if not dist.is_initialized():
+        timeout = timedelta(seconds=collective_timeout_s)
         if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+            local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(local)
+            dist.init_process_group(backend="nccl", timeout=timeout, device_id=local)
+        else:
+            dist.init_process_group(backend="gloo", timeout=timeout)
+        _groups["wait"] = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_timeout_s))
     return is_distributed()
 
 
 def shutdown() -> None:
     """Leave the process group (a no-op without one)."""
+    _groups.clear()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -171,3 +171,36 @@ def test_the_clis_print_the_config_docs(cli: str) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "train.clip_eps (float, default: 0.1)\n      PPO epsilon" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world", "message"),
+    [
+        (["generator.devices=[4,5]", "generator.tensor_parallel_size=4"], 4, "give 4 distinct"),
+        (["generator.devices=[3,3]", "generator.tensor_parallel_size=2"], 2, "give 2 distinct"),
+        (["generator.devices=[3,4,5,6]", "generator.tensor_parallel_size=4"], 4, "(GPU 3)"),
+        (["train.collective_timeout_s=0"], 1, "must be > 0"),
+    ],
+)
+def test_engine_devices_and_timeouts_are_checked(
+    overrides: list[str], world: int, message: str
+) -> None:
+    from loop.checks import check_run
+
+    config = load_config(None, ["generator.backend=vllm", *overrides])
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_run(config, world)
+
+
+def test_the_engine_on_its_own_gpus_passes() -> None:
+    from loop.checks import check_run
+
+    config = load_config(
+        None,
+        [
+            "generator.backend=vllm",
+            "generator.devices=[4,5,6,7]",
+            "generator.tensor_parallel_size=4",
+        ],
+    )
+    check_run(config, 4)
