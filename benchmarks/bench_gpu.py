@@ -75,10 +75,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                  tie_word_embeddings=False),
 }  # fmt: skip
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
-SECTIONS = ("env", "sdpa", "learner", "logprobs", "engine", "parity", "learner32b", "fourbit")
+SECTIONS = (
+    "env", "sdpa", "learner", "logprobs", "engine", "parity", "learner32b", "fourbit", "skipped",
+)  # fmt: skip
 TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one device call)
     "env": 60, "sdpa": 60, "learner": 150, "logprobs": 60, "engine": 180, "parity": 60,
-    "learner32b": 120, "fourbit": 120,
+    "learner32b": 120, "fourbit": 120, "skipped": 30,
 }  # fmt: skip
 H100_BYTES = 80e9  # an H100 SXM's memory, for the capped engine run
 PARITY_SCALES = (4.0, 8.0)  # LM-head scales: next-token entropies of 9 and 1.3 nats on 0.5B
@@ -616,6 +618,23 @@ def section_fourbit(out: Out) -> None:
                 stress_loss_finite=math.isfinite(loss), stress_s=round(stress_s, 2),
                 stress_peak_gib=stress_peak, step_s=round(time.perf_counter() - start, 2),
                 step_peak_gib=peak_gib(out.tiny))  # fmt: skip
+
+
+def section_skipped(out: Out) -> None:
+    """What this script does not cover on this machine, said plainly."""
+    import importlib.util
+
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        out.row(step="the trainer under torchrun over nccl (FSDP2, killed and resumed)",
+                why=f"needs 2+ GPUs, this machine has {gpus}")  # fmt: skip
+    if importlib.util.find_spec("vllm") is None:
+        out.row(step="a vLLM engine: adapter publication and learner-vs-vLLM parity",
+                why="vLLM is not installed here")  # fmt: skip
+    if out.tiny:
+        out.row(step="everything at real sizes", why="--tiny: a 2-layer model on the CPU")
 
 
 # -- driver ---------------------------------------------------------------------------------

@@ -186,6 +186,8 @@ def shard_model(model: Any) -> Any:
     # embedding, run inside the body, puts the head's group under the body's root.
     fully_shard([embed, head], mp_policy=policy, reshard_after_forward=False)
     fully_shard(body, mp_policy=policy)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the whole model this GPU held before sharding goes back
     return model
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
-    sections = ["env", "sdpa", "learner", "logprobs", "engine", "parity"]
+    sections = ["env", "sdpa", "learner", "logprobs", "engine", "parity", "skipped"]
     command = [sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--out", str(tmp_path)]
     done = subprocess.run(
         [*command, "--tiny", "--sections", *sections], capture_output=True, text=True, timeout=900
@@ -38,3 +38,4 @@ def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
     assert all(r["rows_ok"] == r["rows"] for r in by_section["engine"])
     assert all(r["abs_logprob_diff_max"] < 0.1 for r in by_section["parity"])
     assert "### learner" in (tmp_path / "table.md").read_text()
+    assert any("torchrun" in r["step"] for r in by_section["skipped"])  # said plainly
