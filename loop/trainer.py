@@ -259,8 +259,11 @@ def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
 
 
 def resume(run: RunDir, policy: Policy, learner: Learner, sampler: TaskSampler) -> int:
-    """Load the newest complete checkpoint, if any; returns the iteration to start from."""
-    latest = checkpoint.latest_checkpoint(run.checkpoints)
+    """Load the newest complete checkpoint, if any; returns the iteration to start from.
+
+    Rank 0 chooses it for every process: ranks looking for themselves can see different
+    newest checkpoints (one written meanwhile) and then run different iterations."""
+    latest = distributed.broadcast_object(checkpoint.latest_checkpoint(run.checkpoints))
     if latest is None:
         return 0
     state = checkpoint.load_state(latest)

@@ -22,7 +22,9 @@ same directory each iteration; requests already running keep the adapter they st
 The engine core and its worker run in child processes (vLLM's multiprocessing client),
 started without the launcher's variables and on `devices` when given
 (loop/generators/launch_env.py: under torchrun they would otherwise hang in their own
-rendezvous, or take the learners' GPUs); `close()` shuts them down and reaps them. The
+rendezvous, or take the learners' GPUs), and tied to this process's life
+(loop/generators/lifeline.py: killed, even by SIGKILL, it takes them with it; they would
+otherwise live on holding the model); `close()` shuts them down and reaps them. The
 first `generate` binds the engine's output handler to the running event loop: use one event
 loop per generator. vLLM is imported inside the class, so this module imports without it
 (`pip install 'loop-trainer[vllm]'`).
@@ -42,6 +44,7 @@ from typing import Any
 from loop.config_types import one_line
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
 from loop.generators.launch_env import launcher_free_environ
+from loop.generators.lifeline import Lifeline, child_pids
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +105,10 @@ class VLLMGenerator:
         settings.update(_stale_gguf_override(model))
         settings.update(engine_kwargs)
         try:
+            before = child_pids()
             with launcher_free_environ(devices):
                 self._engine: Any = AsyncLLM.from_engine_args(AsyncEngineArgs(**settings))
+            self._lifeline = Lifeline(child_pids() - before)  # they end when we are killed
         except Exception as exc:
             raise GeneratorError(
                 f"vLLM engine failed to start ({model}): {one_line(exc, typed=True)}"
@@ -175,6 +180,7 @@ class VLLMGenerator:
         engine.shutdown(timeout=timeout_s)
         await asyncio.sleep(0)  # let the cancelled output-handler task finish
         multiprocessing.active_children()  # joins (reaps) children vLLM had to kill
+        self._lifeline.release()
 
 
 def _vllm_sampling_params(params: SamplingParams) -> Any:

@@ -38,7 +38,10 @@ works.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -49,6 +52,7 @@ from torch import Tensor, nn
 
 from loop.model import aliases
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _groups: dict[str, Any] = {}  # "wait": the gloo group of `wait_for_main`, once initialised
 
 
@@ -137,6 +141,7 @@ def init_from_env(
     """
     if launched_world_size() <= 1:
         return False
+    die_with_launcher()
     if not dist.is_initialized():
         timeout = timedelta(seconds=collective_timeout_s)
         if torch.cuda.is_available():
@@ -147,6 +152,24 @@ def init_from_env(
             dist.init_process_group(backend="gloo", timeout=timeout)
         _groups["wait"] = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_timeout_s))
     return is_distributed()
+
+
+def die_with_launcher() -> None:
+    """End this process when the launcher that started it dies (Linux: PR_SET_PDEATHSIG).
+
+    torchrun starts each worker in a session of its own, so a SIGKILL of the launcher, even of
+    its whole process group, leaves the workers training: a killed run goes on writing
+    checkpoints beside the rerun that resumes it. The workers' own children (the vLLM engine,
+    the sandboxes) already end with them.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
 
 
 def shutdown() -> None:
