@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loop.checks import check_splits
+from loop.checks import check_splits, sandbox_limits
 from loop.config import ConfigError, RunConfig
 from loop.generators.base import Generator, GeneratorError
 from loop.generators.tokenizer import Tokenizer
@@ -23,7 +23,7 @@ from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, Policy
 from loop.parts import TrainParts
 from loop.rollout.collect import SandboxPool
-from sandbox import KernelPool, Limits
+from sandbox import KernelPool
 from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
 
 
@@ -71,7 +71,7 @@ def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
         size=config.sandbox.pool_size if size is None else size,
         timeout_s=config.sandbox.cell_timeout_s,
         max_output_chars=config.sandbox.max_output_chars,
-        limits=Limits(memory_mb=config.sandbox.memory_mb),
+        limits=sandbox_limits(config),
     )
 
 

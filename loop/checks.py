@@ -8,6 +8,7 @@ the components built from the config (the learner, the value head) do not check 
 from __future__ import annotations
 
 from loop.config_types import CRITIC_ADVANTAGES, ConfigError, RunConfig, TrainConfig
+from sandbox.limits import Limits
 from tasks import GoldSolutions, TaskSuite, suite_class
 
 
@@ -46,6 +47,7 @@ def check_run(config: RunConfig, world_size: int) -> None:
     if config.generator.backend == "hf" and world_size > 1:
         raise ConfigError("several learner processes need generator.backend vllm, not hf")
     check_devices(config, world_size)
+    sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
         raise ConfigError(
             "train.collective_timeout_s and train.rollout_wait_timeout_s must be > 0, got "
@@ -70,8 +72,8 @@ def check_run(config: RunConfig, world_size: int) -> None:
         )
     if config.train.reward == "acted" and not suite.marks_collateral:
         raise ConfigError(
-            f"train.reward acted needs a suite that marks its collateral test and read-only "
-            f"calls; suite {config.suite} marks none (use fraction or success)"
+            f"train.reward acted needs a suite that marks its collateral test and whether the "
+            f"state changed; suite {config.suite} marks none (use fraction or success)"
         )
 
 
@@ -108,6 +110,8 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError("generator.backend openai needs generator.base_url and served_model")
     if config.agent.memory_turns is not None and config.agent.memory_turns < 1:
         raise ConfigError(f"agent.memory_turns: must be >= 1, got {config.agent.memory_turns}")
+    if not config.agent.token_time_z >= 0:  # NaN too
+        raise ConfigError(f"agent.token_time_z: must be >= 0, got {config.agent.token_time_z}")
     if config.agent.max_new_tokens >= config.agent.max_context_tokens:
         raise ConfigError("agent.max_new_tokens must be smaller than agent.max_context_tokens")
     _check_train(config.train, warm_start=config.warm_start.source != "none")
@@ -243,3 +247,15 @@ def check_splits(config: RunConfig, suite: TaskSuite, *, training: bool = True) 
         except (KeyError, ValueError, AssertionError) as exc:
             reason = exc.args[0] if exc.args else split
             raise ConfigError(f"{key}: {reason}") from None
+
+
+def sandbox_limits(config: RunConfig) -> Limits:
+    """The `sandbox` section's limits; a bad value is a one-line `ConfigError`."""
+    cfg = config.sandbox
+    try:
+        return Limits(
+            memory_mb=cfg.memory_mb, disk_mb=cfg.disk_mb, max_files=cfg.max_files,
+            output_mb=cfg.output_mb,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"sandbox: {exc}") from None

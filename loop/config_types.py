@@ -113,6 +113,9 @@ class SandboxConfig:
     cell_timeout_s: float = doc(30.0, "wall time of one cell")
     memory_mb: int = doc(2048, "address-space limit of one kernel")
     max_output_chars: int = doc(20_000, "cell output cut with a notice past this")
+    disk_mb: int = doc(256, "the agent's writable files in total (a tmpfs; sandbox/limits.py)")
+    max_files: int = doc(4096, "... and their number")
+    output_mb: int = doc(64, "output the host reads from one sandbox over an episode, at most")
 
 
 @dataclass
@@ -130,7 +133,12 @@ class AgentConfig:
     )
     rollout_timeout_s: float = doc(
         3600.0,
-        'wall time of one rollout ("timeout" when its cells used it)',
+        'wall time of one rollout ("timeout", scored, when its cells and tokens used half)',
+    )
+    token_time_z: float = doc(
+        2.0,
+        "timeout attribution: emitted tokens cost the agent the backend's measured time per "
+        "token plus this many standard errors (loop/rollout/attribution.py)",
     )
     worked_example: bool = doc(
         True,
@@ -173,7 +181,7 @@ class TrainConfig:
     reward: Literal["fraction", "success", "acted"] = doc(
         "fraction",
         "fraction of tests passed | all passed | acted: the collateral test counts only once "
-        "the agent called complete_task or changed something (loop/algo/credit.py)",
+        "the agent changed the state or passed another test (loop/algo/credit.py)",
     )
     advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
         "loo",

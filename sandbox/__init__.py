@@ -17,14 +17,19 @@ What is isolated (each layer is probed at start; `isolation_report()` says which
   HOME (the scratch directory, the only persistent writable place) and a private /tmp (a
   size-capped tmpfs). The project directory, run directories, other sandboxes, the host's /tmp
   and home, and our own packages (even when installed in site-packages) are not visible.
-  /etc/passwd lists only the sandbox's user.
+  /etc/passwd lists only the sandbox's user. Everything the sandbox writes outside /tmp (its
+  home, its channel files, the kernel's log) lives in one tmpfs capped in bytes and in files
+  (`Limits.disk_mb`, `Limits.max_files`; sandbox/scratch.py), so it cannot fill the host's disk.
 - Processes: a new pid namespace (host processes are invisible, and the kernel's parent is the
   namespace's init); as root, each kernel runs under a uid of its own with no capabilities and
   no_new_privs, so it cannot signal or ptrace host processes.
 - Resources: per-sandbox cgroup caps on processes+threads, memory and CPU share; rlimits on
   address space, CPU seconds, open files, file size and core dumps; cell wall time (interrupt,
-  then kill and replace); output size (capped in the kernel itself, so host memory stays flat,
-  and cut with a notice).
+  then kill and replace); output and error text: cut with a notice in the kernel, and bounded
+  on the host where agent code cannot reach (sandbox/channel.py): every message is size-checked
+  as it arrives, the kernel's channels are connected only while a cell runs (what a leftover
+  thread prints between cells is never received), and the host reads at most
+  `Limits.output_mb` from one sandbox over its episode.
 - Environment: the kernel gets a fresh environment (no host variables, tokens or keys).
 - Failure: a kernel that dies (segfault, os._exit, SIGKILL, out of memory) is reported as
   `crashed=True` and replaced; a hung one is killed; teardown kills the whole cgroup; sandboxes
@@ -37,6 +42,9 @@ What is not isolated:
   are checked at the bridge, `sandbox/arguments.py`; calls are served only while a cell runs).
 - Agent code can read the installed Python packages and /usr, and use the CPU share and memory
   it is given; it can read its own connection file and talk to its own kernel.
+- libzmq holds all frames of one multipart message until its last one arrives and caps only
+  each frame: code that drives its kernel's zmq socket directly with a message of millions of
+  frames can still grow host memory while a cell runs (between cells nothing is connected).
 - Where a layer is missing (no bubblewrap, no writable cgroups, not root) the sandbox logs a
   loud warning naming what is lost, or refuses to start with `strict=True`.
 """

@@ -8,6 +8,9 @@ The launch command is a chain of small exec's, each adding one layer, strongest 
     setpriv   (as root: drop to a uid of the sandbox's own, no capabilities, no new privileges)
     python -m ipykernel_launcher
 
+Before the chain runs, the sandbox's directory (home, channel files, log) gets a tmpfs capped
+in bytes and files (`sandbox/scratch.py`), where the host may mount one.
+
 `probe()` finds which layers work here. A missing layer is left out of the chain and named in
 `Capabilities.missing()`; the sandbox warns once, or refuses to start when asked to be strict.
 """
@@ -24,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import scratch
 from sandbox.cgroups import CgroupRoot, find_cgroup_root
 from sandbox.limits import Limits
 
@@ -44,6 +48,12 @@ class Capabilities:
     cgroups: CgroupRoot | None
     is_root: bool
     cgroup_problem: str = ""  # why cgroups are unusable, when they are
+    scratch_problem: str = "not probed"  # why no scratch tmpfs can be mounted ("" if it can)
+
+    @property
+    def scratch(self) -> bool:
+        """Whether each sandbox's files go in a tmpfs capped in bytes and files."""
+        return not self.scratch_problem
 
     @property
     def separate_uid(self) -> bool:
@@ -64,6 +74,12 @@ class Capabilities:
                 f"cgroups are not usable ({why}): no cap on the sandbox's total processes, "
                 "memory and CPU share; only per-process rlimits apply"
             )
+        if not self.scratch:
+            gaps.append(
+                f"a size-capped tmpfs cannot be mounted for the sandbox's files "
+                f"({self.scratch_problem}): agent code can fill the host's disk, each file "
+                "capped only by RLIMIT_FSIZE"
+            )
         if self.prlimit is None:
             gaps.append("prlimit (util-linux) is missing: no rlimits on the kernel")
         if self.is_root and self.setpriv is None:
@@ -83,6 +99,7 @@ def probe() -> Capabilities:
         cgroups=cgroups,
         is_root=is_root,
         cgroup_problem=cgroup_problem,
+        scratch_problem=scratch.can_mount(),
     )
 
 

@@ -6,7 +6,10 @@
 
 State persists across cells as in a notebook. The bridge serves `apis` calls only while a cell
 runs: a thread the agent left running cannot act between cells, and the next cell's output says
-how many of its calls were refused. A cell past its time limit is interrupted; if it
+how many of its calls were refused. The kernel's channels, too, are connected only while a cell
+runs (`sandbox/channel.py`): what a thread prints between cells is never received. A cell ends
+when the kernel goes idle, or shortly after its reply when the idle status was lost (a channel
+reset by an oversized message). A cell past its time limit is interrupted; if it
 does not stop within `interrupt_grace_s` the kernel is killed and replaced (state lost, said in
 the output). A kernel that dies is reported as `crashed=True` and replaced on the next call.
 Neither raises: the caller reads the result and decides whether the episode goes on.
@@ -19,7 +22,6 @@ import atexit
 import contextlib
 import logging
 import os
-import queue
 import secrets
 import tempfile
 import threading
@@ -30,11 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox import scratch
 from sandbox.bridge import MAX_REQUEST_BYTES, BridgeServer, Handler
 from sandbox.cgroups import Cgroup
+from sandbox.channel import ByteBudget
 from sandbox.isolation import CGROUP_NAMESPACE, probe
 from sandbox.limits import Limits
-from sandbox.output import OutputCollector
+from sandbox.output import OutputCollector, budget_notice, loss_notes
 from sandbox.process import (
     KernelProcess,
     allocate_uid,
@@ -46,6 +50,10 @@ from sandbox.reaper import reap_stale, write_owner
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05  # how often a waiting cell checks that the kernel is still alive
+# How long a cell whose reply has come waits, without a message of the cell, for the idle
+# status that follows the reply (the kernel sends both within milliseconds; the status is lost
+# only when iopub was reset).
+REPLY_GRACE_S = 1.0
 _warned = False
 _executor_lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
@@ -111,11 +119,16 @@ class Sandbox:
         self.uid = allocate_uid(self.number) if self.caps.separate_uid else None
         self.cgroup: Cgroup | None = None
         self.restarts = 0
+        # The host reads this much from the kernels of this sandbox (one episode), all told.
+        self.output_budget = ByteBudget(self.limits.output_mb * 1024 * 1024)
         self._bridge: BridgeServer | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._lost_state_note: str | None = None
         try:
+            if self.caps.scratch:
+                limits = self.limits
+                scratch.mount(self.directory, size_mb=limits.disk_mb, max_files=limits.max_files)
             if self.caps.cgroups is not None:
                 self.cgroup = self.caps.cgroups.create(
                     self.directory.name,
@@ -205,6 +218,7 @@ class Sandbox:
             uid=self.uid,
             cgroup=self.cgroup,
             startup_timeout_s=self.startup_timeout_s,
+            budget=self.output_budget,
             max_output_chars=self.max_output_chars,
         )
 
@@ -217,6 +231,44 @@ class Sandbox:
     def _execute(self, code: str, timeout: float) -> ExecutionResult:
         start = time.monotonic()
         out = OutputCollector(self.max_output_chars)
+        self._prepare(out)
+        deadline = time.monotonic() + timeout  # a kernel restarted just now is not the cell's
+        assert self._bridge is not None
+        self._bridge.serving = True
+        kernel = self._kernel
+        channels = kernel.channels
+        dropped, resets, budget_spent = channels.dropped, channels.resets, self.output_budget.spent
+        msg_id: str | None = None  # set once the cell is sent
+        channels.open()
+        try:
+            state = channels.handshake(deadline, kernel.alive, reply=False)
+            if state == "ready":
+                msg_id = channels.execute(code)
+                state = _collect(kernel, msg_id, out, deadline=deadline)
+            timed_out = state == "timeout"
+            if timed_out:
+                state = self._stop_overrun(kernel, msg_id, out, timeout)
+                # Ours, not the KeyboardInterrupt the interrupt raised in the cell:
+                out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
+        finally:
+            channels.close()
+        crashed = state == "dead"
+        if crashed:  # during the cell or while being interrupted; replaced next call
+            reason = kernel.exit_reason()
+            out.error = f"KernelDied: the kernel {reason}"
+            out.note(f"the kernel {reason}; a new kernel will run the next cell")
+            self._lost_state_note = "this cell ran in a new kernel: earlier variables are gone"
+        else:  # a dead kernel's channels drop too: not news
+            lost = channels.dropped - dropped, channels.resets - resets
+            for note in loss_notes(*lost, message_limit=channels.max_message_bytes):
+                out.note(note)
+        if budget_spent or self.output_budget.spent:
+            out.note(budget_notice(self.limits.output_mb))
+        return ExecutionResult(out.text(), out.error, timed_out, crashed, time.monotonic() - start)
+
+    def _prepare(self, out: OutputCollector) -> None:
+        """Before a cell: replace a kernel that died between cells, and say what happened
+        meanwhile (lost state, refused `apis` calls)."""
         if not self._kernel.alive():
             reason = self._kernel.exit_reason()
             self._replace_kernel(f"it had died: {reason}")
@@ -237,35 +289,30 @@ class Sandbox:
                 f"{refused} apis call(s) made while no cell was running were refused "
                 "(code left running after its cell cannot call apis)"
             )
-        self._bridge.serving = True
-        kernel = self._kernel
-        msg_id = kernel.client.execute(code, store_history=True, allow_stdin=False)
-        state = _collect(kernel, msg_id, out, deadline=start + timeout)
-        timed_out = crashed = False
-        if state == "timeout":
-            timed_out = True
-            kernel.interrupt()
-            grace_end = time.monotonic() + self.interrupt_grace_s
-            state = _collect(kernel, msg_id, out, deadline=grace_end)
-            # Ours, not the KeyboardInterrupt the interrupt raised in the cell:
-            out.error = f"TimeoutError: cell exceeded its {timeout:g} s limit"
-            if state == "idle":
-                out.note(f"cell interrupted: it exceeded its {timeout:g} s time limit")
-            elif state == "timeout":  # it ignored the interrupt
-                self._replace_kernel("it ignored an interrupt")
-                out.note(
-                    f"cell exceeded its {timeout:g} s time limit and did not stop when "
-                    "interrupted: the kernel was restarted and all variables are lost"
-                )
-        if state == "dead":  # during the cell or while being interrupted; replaced next call
-            crashed = True
-            reason = kernel.exit_reason()
-            out.error = f"KernelDied: the kernel {reason}"
-            out.note(f"the kernel {reason}; a new kernel will run the next cell")
-            self._lost_state_note = "this cell ran in a new kernel: earlier variables are gone"
-        elif state == "idle":
-            _drain_reply(kernel, msg_id)
-        return ExecutionResult(out.text(), out.error, timed_out, crashed, time.monotonic() - start)
+
+    def _stop_overrun(
+        self, kernel: KernelProcess, msg_id: str | None, out: OutputCollector, timeout: float
+    ) -> str:
+        """Interrupt a cell past its time limit: "idle" when it stopped, "dead", or "timeout"
+        when it did not stop within `interrupt_grace_s` (or never answered): then replaced."""
+        if msg_id is None:  # it never answered, so never took the cell
+            self._replace_kernel("it did not answer")
+            out.note(
+                f"the kernel did not answer within the cell's {timeout:g} s time limit: it was "
+                "restarted and all variables are lost"
+            )
+            return "timeout"
+        kernel.interrupt()
+        state = _collect(kernel, msg_id, out, deadline=time.monotonic() + self.interrupt_grace_s)
+        if state == "idle":
+            out.note(f"cell interrupted: it exceeded its {timeout:g} s time limit")
+        elif state == "timeout":  # it ignored the interrupt
+            self._replace_kernel("it ignored an interrupt")
+            out.note(
+                f"cell exceeded its {timeout:g} s time limit and did not stop when "
+                "interrupted: the kernel was restarted and all variables are lost"
+            )
+        return state
 
     def _teardown(self) -> None:
         kernel = getattr(self, "_kernel", None)
@@ -279,34 +326,37 @@ class Sandbox:
 
 
 def _collect(kernel: KernelProcess, msg_id: str, out: OutputCollector, deadline: float) -> str:
-    """Read the cell's iopub messages until it is idle ("idle"), "timeout" or "dead"."""
-    channel = kernel.client.iopub_channel
+    """Read the cell's messages until it is "idle", "timeout" or "dead".
+
+    Idle is the kernel's idle status for the cell or, when that was lost to an iopub reset (or
+    iopub is no longer read), its reply followed by REPLY_GRACE_S without a message of the cell.
+    """
+    channels = kernel.channels
+    replied = False
+    last_seen = time.monotonic()  # when the cell's latest message came
     while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             return "timeout"
-        try:
-            msg = channel.get_msg(timeout=min(POLL_S, remaining))
-        except queue.Empty:
-            if not kernel.alive():
+        message = channels.receive(min(POLL_S, deadline - now))
+        if message is None or message.parent_id != msg_id:  # none, or an earlier cell's
+            if message is None and not kernel.alive():
                 return "dead"
+            quiet = time.monotonic() - last_seen > REPLY_GRACE_S
+            if replied and (quiet or not channels.reading_output):
+                return "idle"
             continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue  # output of an earlier, interrupted cell or of a stray thread
-        msg_type, content = msg["header"]["msg_type"], msg["content"]
-        if msg_type == "status" and content.get("execution_state") == "idle":
+        last_seen = time.monotonic()
+        if message.channel == "shell":
+            if message.msg_type == "execute_reply":
+                replied = True
+                out.add_reply(message.content)
+                if not channels.reading_output:
+                    return "idle"
+        elif message.msg_type == "status" and message.content.get("execution_state") == "idle":
             return "idle"
-        out.add(msg_type, content)
-
-
-def _drain_reply(kernel: KernelProcess, msg_id: str) -> None:
-    """Consume the shell reply of the cell so replies never pile up."""
-    with contextlib.suppress(queue.Empty):
-        while (
-            kernel.client.shell_channel.get_msg(timeout=1.0)["parent_header"].get("msg_id")
-            != msg_id
-        ):
-            pass
+        else:
+            out.add(message.msg_type, message.content)
 
 
 def _check_isolation(missing: list[str], strict: bool) -> None:

@@ -5,8 +5,11 @@ directory with the bridge socket path filled in, and ipykernel runs it at start-
 It may use only the standard library: the kernel cannot import our packages.
 
 `apis.<app>.<api>(**kwargs)` sends one JSON line to the host and returns the decoded result or
-raises `ApiError`. Output is capped here, where it is produced (`_loop_cap_output`). Frames of
-this file carry `__tracebackhide__`, so tracebacks the agent reads start and end in its own code.
+raises `ApiError`. Output and error text are capped here, where they are produced
+(`_loop_cap_output`, `_loop_cap_errors`), so that a well-meant cell's long output or huge
+exception message arrives cut, with a notice. Agent code can undo this layer; the host's limits
+(`sandbox/channel.py`) do not depend on it. Frames of this file carry `__tracebackhide__`, so
+tracebacks the agent reads start and end in its own code.
 """
 
 BRIDGE_SOCKET = "__BRIDGE_SOCKET__"  # replaced by the host when it writes this file
@@ -216,8 +219,53 @@ def _loop_cap_output(max_chars, dropped_mime):  # type: ignore[no-untyped-def]
     shell.events.register("post_run_cell", report)
 
 
+def _loop_cap_errors(max_chars):  # type: ignore[no-untyped-def]
+    """Cap, here in the kernel, the error text of one cell, and do not echo its code.
+
+    An exception's message is cut to half of `max_chars` and its traceback to `max_chars`, in
+    both the error message and the cell's reply, each with the count of characters cut; the
+    host's message limit (sandbox/channel.py) counts on these two fitting in one message. The
+    kernel's broadcast of each cell's code (execute_input) is dropped: the host sent the code
+    and never reads it back, and it is as long as the agent makes it.
+    """
+    shell = get_ipython()  # noqa: F821 (an IPython builtin)
+    kernel = shell.kernel
+
+    def cut(text, limit):
+        text = str(text)
+        if len(text) <= limit:
+            return text
+        return f"{text[:limit]}... [{len(text) - limit} characters cut]"
+
+    class Text:  # what IPython formats with str(): an exception whose message is cut
+        def __init__(self, text):
+            self.text = text
+
+        def __str__(self):
+            return self.text
+
+    show = shell._showtraceback
+
+    def show_capped(etype, evalue, stb):
+        stb = [cut("\n".join(map(str, stb)), max_chars)] if stb else stb
+        return show(etype, Text(cut(evalue, max_chars // 2)), stb)
+
+    do_execute = kernel.do_execute
+
+    async def do_execute_capped(*args, **kwargs):
+        reply = await do_execute(*args, **kwargs)
+        if "evalue" in reply:
+            reply["evalue"] = cut(reply["evalue"], max_chars // 2)
+        return reply
+
+    shell._showtraceback = show_capped
+    kernel.do_execute = do_execute_capped
+    kernel._publish_execute_input = lambda *args, **kwargs: None
+
+
 apis, ApiError = _loop_make_apis(BRIDGE_SOCKET, MAX_REQUEST_BYTES)
 _loop_hide_own_frames(BRIDGE_SOCKET.rsplit("/", 1)[0] + "/")
 _loop_cap_output(MAX_OUTPUT_CHARS, DROPPED_MIME)
-del _loop_make_apis, _loop_hide_own_frames, _loop_cap_output, BRIDGE_SOCKET, MAX_REQUEST_BYTES
-del MAX_OUTPUT_CHARS, DROPPED_MIME
+_loop_cap_errors(MAX_OUTPUT_CHARS)
+del _loop_make_apis, _loop_hide_own_frames, _loop_cap_output, _loop_cap_errors, BRIDGE_SOCKET
+del MAX_REQUEST_BYTES, MAX_OUTPUT_CHARS, DROPPED_MIME

@@ -3,10 +3,15 @@
 The order is the notebook's: stdout and stderr as they stream, display outputs, the repr of a
 trailing expression, then a traceback. ANSI escapes and other control characters are dropped
 (binary output must not reach a tokenizer raw), and past `max_chars` the text is cut with a
-visible notice saying how much was left out. The kernel itself stops sending past the same
-limit (`sandbox/kernel_boot.py`) and reports only how much it dropped, as a display message of
-type DROPPED_MIME that is counted here, never shown; host memory stays flat however much a cell
-prints.
+visible notice saying how much was left out. The error line ("ExceptionType: message") is cut
+at `max_chars` too, with the count of characters cut, so a huge exception message cannot
+bloat the rollout record.
+
+Two layers keep this bounded. The kernel stops sending past the same limit
+(`sandbox/kernel_boot.py`: output, and error messages and tracebacks) and reports only how much
+it dropped, as a display message of type DROPPED_MIME that is counted here, never shown. That
+layer is agent-reachable, so the guarantee is the host's: every message is size-checked as it
+is received (`sandbox/channel.py`), and this collector keeps at most `max_chars` of it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,35 @@ def truncation_notice(dropped: int) -> str:
     return f"\n[output truncated: {dropped} more characters not shown]"
 
 
+def loss_notes(dropped: int, resets: int, *, message_limit: int) -> list[str]:
+    """Notices of what the host dropped from the kernel during a cell (sandbox/channel.py)."""
+    limit = f"{message_limit:,} bytes"
+    notes = []
+    if dropped:
+        notes.append(f"{dropped} message(s) from the kernel dropped: over {limit} or malformed")
+    if resets:
+        notes.append(
+            f"the kernel sent a message over {limit}: its channel was reset {resets} time(s) "
+            "and output sent meanwhile is lost"
+        )
+    return notes
+
+
+def budget_notice(output_mb: int) -> str:
+    """The notice of every cell once the episode's output budget is spent."""
+    return (
+        f"the kernel has sent the {output_mb} MiB the host reads in one episode: its output is "
+        "no longer shown"
+    )
+
+
+def cut_text(text: str, limit: int) -> str:
+    """`text` if at most `limit` characters, else its first `limit` and how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} characters cut]"
+
+
 @dataclass
 class OutputCollector:
     """Accumulates one cell's iopub messages into at most `max_chars` characters of text."""
@@ -43,11 +77,13 @@ class OutputCollector:
     notes: list[str] = field(default_factory=list)
 
     def add(self, msg_type: str, content: dict[str, Any]) -> None:
-        """Take one iopub message of the cell (others, like status, are ignored)."""
+        """Take one iopub message of the cell (others, like status, are ignored). Its content is
+        the kernel's, so untrusted: any JSON shape is taken without raising."""
         if msg_type == "stream":
             self._append(str(content.get("text", "")))
         elif msg_type in ("execute_result", "display_data"):
-            data = content.get("data", {})
+            data = content.get("data")
+            data = data if isinstance(data, dict) else {}
             if DROPPED_MIME in data:
                 count = str(data[DROPPED_MIME])
                 self.dropped += int(count) if count.isdigit() and len(count) < 19 else 0
@@ -58,9 +94,15 @@ class OutputCollector:
             if text is not None:
                 self._append(_ensure_newline(str(text)))
         elif msg_type == "error":
-            self.error = f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
-            traceback = "\n".join(str(line) for line in content.get("traceback", []))
+            self.error = self._error_line(content)
+            traceback = content.get("traceback", [])
+            traceback = "\n".join(map(str, traceback)) if isinstance(traceback, list) else ""
             self._append(_ensure_newline(traceback or self.error))
+
+    def add_reply(self, content: dict[str, Any]) -> None:
+        """Take the cell's execute_reply: its error counts when no error message came."""
+        if content.get("status") == "error" and self.error is None:
+            self.error = self._error_line(content)
 
     def note(self, text: str) -> None:
         """Add a notice of ours (timeout, crash): shown after the output, never truncated away."""
@@ -74,6 +116,10 @@ class OutputCollector:
         for note in self.notes:
             out = f"{_ensure_newline(out)}[{note}]" if out else f"[{note}]"
         return out
+
+    def _error_line(self, content: dict[str, Any]) -> str:
+        line = f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
+        return cut_text(line, self.max_chars)
 
     def _append(self, text: str) -> None:
         text = clean_text(text)

@@ -2,11 +2,13 @@
 
 `KernelProcess.start()` lays out the sandbox directory, launches ipykernel through
 jupyter_client with the isolation chain of `sandbox/isolation.py`, and waits until the kernel
-answers. `kill()` ends the kernel and every process it started. `Sandbox` (`sandbox/kernel.py`)
-drives it and owns the bridge server, which outlives kernel restarts; nothing here knows about
-cells or results.
+answers. The host talks to it through `KernelChannels` (`sandbox/channel.py`), never through a
+jupyter_client client, whose sockets would queue whatever the kernel sends. `kill()` ends the
+kernel and every process it started. `Sandbox` (`sandbox/kernel.py`) drives it and owns the
+bridge server, which outlives kernel restarts; nothing here knows about cells or results.
 
-On disk, per sandbox (under the sandbox root, `<host pid>-<n>/`):
+On disk, per sandbox (under the sandbox root, `<host pid>-<n>/`, a size-capped tmpfs where
+this host may mount one: sandbox/scratch.py):
 
     owner.json   the host process that owns it (a later run reaps it if that process is gone)
     home/        the agent's scratch directory: HOME and working directory, owned by its uid
@@ -27,20 +29,24 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_client import BlockingKernelClient, KernelManager
+from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
+from sandbox import scratch
 from sandbox.bridge import MAX_REQUEST_BYTES
 from sandbox.cgroups import Cgroup
+from sandbox.channel import ByteBudget, KernelChannels, host_context, message_limit
 from sandbox.isolation import Capabilities, LaunchPlan, kernel_command, kernel_env, write_etc
 from sandbox.limits import Limits
 
 KERNEL_NAME = "loop-sandbox"
+CHANNELS = ("shell", "iopub", "control")  # the host never connects stdin or heartbeat
 UID_BASE = 100_000  # kernels' uids: UID_BASE + (host pid % 1024) * 1024 + n % 1024
 BOOT_SOURCE = Path(__file__).with_name("kernel_boot.py")
 _counter = itertools.count(1)
@@ -66,7 +72,7 @@ class KernelProcess:
     uid: int | None
     cgroup: Cgroup | None
     manager: KernelManager
-    client: BlockingKernelClient
+    channels: KernelChannels
     popen: subprocess.Popen[Any]
     log_path: Path
     exit_notes: list[str] = field(default_factory=list)
@@ -81,10 +87,12 @@ class KernelProcess:
         uid: int | None,
         cgroup: Cgroup | None,
         startup_timeout_s: float,
+        budget: ByteBudget,
         max_output_chars: int = 20_000,
     ) -> KernelProcess:
         """Launch a kernel in `directory` (its home/ is kept across restarts); it sends the host
-        at most `max_output_chars` characters of output per cell."""
+        at most `max_output_chars` characters of output per cell, and the host reads from it
+        what `budget` (the episode's, shared across restarts) has left."""
         plan = _lay_out(directory, uid, cgroup, max_output_chars)
         manager = _manager(plan, kernel_command(caps, limits, plan))
         log_path = directory / "kernel.log"
@@ -102,18 +110,31 @@ class KernelProcess:
                     stdin=subprocess.DEVNULL,
                 )
                 _launcher().submit(launch).result()
+            # jupyter_client keeps a control socket for shutdown requests, which we never send
+            # (kill is a signal; interrupts go through KernelChannels): open, it would queue
+            # whatever the kernel sent it.
+            manager._close_control_socket()
             popen = manager.provisioner.process  # type: ignore[union-attr]
-            client = manager.client()
-            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         except Exception as exc:
             _kill_tree(None, cgroup)
             raise SandboxStartError(f"could not launch the kernel: {exc}") from exc
-        process = cls(directory, uid, cgroup, manager, client, popen, log_path)
+        channels = KernelChannels(
+            _urls(manager), manager.session, message_limit(max_output_chars), budget
+        )
+        process = cls(directory, uid, cgroup, manager, channels, popen, log_path)
+        channels.open()
         try:
-            client.wait_for_ready(timeout=startup_timeout_s)
-        except (RuntimeError, TimeoutError) as exc:
+            deadline = time.monotonic() + startup_timeout_s
+            state = channels.handshake(deadline, process.alive, reply=True)
+        except BaseException:
             process.kill()
-            raise SandboxStartError(f"kernel did not start: {exc}; {process.log_tail()}") from None
+            raise
+        finally:
+            channels.close()
+        if state != "ready":
+            process.kill()
+            why = "died" if state == "dead" else f"did not answer within {startup_timeout_s:g} s"
+            raise SandboxStartError(f"kernel {why}; {process.log_tail()}")
         return process
 
     def alive(self) -> bool:
@@ -123,12 +144,11 @@ class KernelProcess:
     def interrupt(self) -> None:
         """Ask the kernel to raise KeyboardInterrupt in the running cell (control channel)."""
         with contextlib.suppress(Exception):
-            self.manager.interrupt_kernel()
+            self.channels.interrupt()
 
     def kill(self) -> None:
         """End the kernel and everything it started; close its channels."""
-        with contextlib.suppress(Exception):
-            self.client.stop_channels()
+        self.channels.close()
         _kill_tree(self.popen, self.cgroup)
         with contextlib.suppress(Exception):
             self.manager.cleanup_resources()
@@ -196,7 +216,8 @@ def remove_entry(path: Path) -> None:
 
 
 def remove_directory(directory: Path) -> None:
-    """Delete a sandbox directory (files the kernel made included)."""
+    """Delete a sandbox directory (files the kernel made included), unmounting its tmpfs."""
+    scratch.unmount(directory)
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -235,12 +256,19 @@ def _manager(plan: LaunchPlan, argv: list[str]) -> KernelManager:
     spec["interrupt_mode"] = "message"  # a signal cannot cross into the pid namespace
     (spec_root / KERNEL_NAME / "kernel.json").write_text(json.dumps(spec))
     return KernelManager(
+        context=host_context(),  # not a zmq context (and I/O thread) per kernel
         kernel_name=KERNEL_NAME,
         kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_root)]),
         transport="ipc",  # Unix sockets reach into the kernel's empty network namespace
         ip=str(plan.chan_dir / "k"),
         connection_file=str(plan.chan_dir / "connection.json"),
     )
+
+
+def _urls(manager: KernelManager) -> dict[str, str]:
+    """The kernel's zmq addresses by channel (ipc: a socket file per channel)."""
+    info: dict[str, Any] = dict(manager.get_connection_info())
+    return {name: f"ipc://{info['ip']}-{info[name + '_port']}" for name in CHANNELS}
 
 
 def _kill_tree(popen: subprocess.Popen[Any] | None, cgroup: Cgroup | None) -> None:

@@ -6,6 +6,13 @@ through `apis.<app>.<api>(...)`, and every such call is recorded as an `ApiCall`
 
 The reward and the evaluation report come from the same `TestReport` (STYLE.md habit 7):
 `reward` is the fraction of tests passed, `success` is whether all passed.
+
+What `train.reward: acted` needs is the suite's to say, from the state, never from API names:
+its grader marks the collateral test (`TestResult.collateral`, it passes for an agent that
+does nothing) and reports whether the final state differs from the initial one at all
+(`TestReport.state_changed`); a suite that does both sets `TaskSuite.marks_collateral`.
+`ApiCall.read_only` is the suite's declaration that an API only reads, for the record and the
+behaviour metrics; no reward reads it.
 """
 
 from __future__ import annotations
@@ -84,6 +91,10 @@ class TestReport:
 
     task_id: str
     tests: tuple[TestResult, ...]
+    # Whether the final state of the apps' data differs from the task's initial state (a
+    # change undone is none; logging in or answering changes no data); None where the suite
+    # cannot tell. With the tests, what `reward: acted` reads (loop/algo/credit.py).
+    state_changed: bool | None = None
 
     @property
     def num_passed(self) -> int:
@@ -116,6 +127,7 @@ class TestReport:
             "task_id": self.task_id,
             "reward": self.reward,
             "success": self.success,
+            "state_changed": self.state_changed,
             "tests": [vars(t) for t in self.tests],
         }
 
@@ -130,7 +142,7 @@ class ApiCall:
     ok: bool
     error: str | None  # "<status>: <message>" of the error the agent saw, else None
     latency_s: float  # time spent in the environment's handler (not the bridge)
-    read_only: bool = False  # the API only reads (the suite says so): calling it is not acting
+    read_only: bool = False  # the suite declares that the API only reads (no reward reads it)
 
 
 MAX_RECORDED_STRING = 500  # characters of one string argument kept in an ApiCall
@@ -228,7 +240,9 @@ class Environment(Protocol):
         ...
 
     async def aevaluate(self) -> TestReport:
-        """`evaluate` for asyncio rollouts (a slow grader runs off the event loop)."""
+        """`evaluate` for asyncio rollouts: off the event loop, so a slow grader holds up no
+        other rollout. A grader that is slow because of the state the agent left (the only
+        input that varies) is the agent's: a failed test, not an exception."""
         ...
 
 
@@ -237,8 +251,8 @@ class TaskSuite(Protocol):
 
     name: str
     uses_sandbox: bool  # agent code runs in our sandbox (else the suite runs it, e.g. AppWorld)
-    # Its grader marks the collateral test (`TestResult.collateral`) and its API record the
-    # read-only calls (`ApiCall.read_only`): what `reward: acted` needs (loop.checks.check_run)
+    # Its grader marks the collateral test (`TestResult.collateral`) and reports whether the
+    # state changed (`TestReport.state_changed`): what `reward: acted` needs (loop.checks)
     marks_collateral: bool
 
     @property

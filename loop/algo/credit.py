@@ -7,12 +7,14 @@ by |A|, and unpack. Rollouts that failed for an infrastructure reason, or were n
 
 `rollout_reward` is the training reward: `fraction` (of tests passed, the paper's), `success`
 (1.0 when all passed), or `acted`: the fraction where the collateral test (nothing else was
-changed) counts only once the agent acted, that is called complete_task or made a successful
-call that is not a read. Without it a rollout that does nothing earns the collateral test's
-share (0.5 on a two-test task) and can beat a plausible wrong attempt, so a policy can learn to
-do nothing. What is collateral and what is a read is the suite's knowledge, not ours: its
-grader marks the test (`TestResult.collateral`) and its API record marks the call
-(`ApiCall.read_only`); a suite that marks neither (`TaskSuite.marks_collateral` False) is
+changed) counts only once the agent acted. Without it a rollout that does nothing earns the
+collateral test's share (0.5 on a two-test task) and can beat a plausible wrong attempt, so a
+policy can learn to do nothing. Acting is read off the outcome, never off what was called: the
+final state differs from the initial one (`TestReport.state_changed`: a change undone is none),
+or a test other than the collateral one passed (the right answer to a question changes
+nothing). So reads, a write undone, or `complete_task` alone earn nothing, whatever the APIs
+are named. What is collateral and whether the state changed is the suite's knowledge, not
+ours: its grader marks both; a suite that does not (`TaskSuite.marks_collateral` False) is
 refused `reward: acted` by `loop.checks.check_run`.
 
 `turn_rewards` is the one named per-turn reward used by the turn-level (MT-GRPO) estimator: a
@@ -103,6 +105,8 @@ class Scored(Protocol):
     @property
     def tests(self) -> list[dict[str, Any]]: ...
     @property
+    def state_changed(self) -> bool | None: ...
+    @property
     def api_calls(self) -> list[dict[str, Any]]: ...
     @property
     def turns(self) -> Sequence[ScoredTurn]: ...
@@ -115,17 +119,16 @@ def rollout_reward(traj: Scored, kind: str) -> float:
     if kind == "success":
         return float(bool(traj.success))
     if kind == "acted" and traj.tests and not acted(traj):
-        passed = sum(t["passed"] and not t.get("collateral", False) for t in traj.tests)
-        return passed / len(traj.tests)
+        return 0.0  # it passed no test but the collateral one, which then does not count
     return float(traj.reward or 0.0)
 
 
 def acted(traj: Scored) -> bool:
-    """The agent called complete_task (status ok), or made a successful API call its suite
-    does not mark read-only."""
-    if traj.status == "ok":
+    """The agent changed the apps' data (its suite says the final state differs from the
+    initial one) or passed a test that is not collateral (e.g. answered a question right)."""
+    if traj.state_changed:
         return True
-    return any(call.get("ok") and not call.get("read_only", False) for call in traj.api_calls)
+    return any(t["passed"] and not t.get("collateral", False) for t in traj.tests)
 
 
 def turn_rewards(traj: Scored) -> list[float]:

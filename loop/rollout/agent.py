@@ -8,7 +8,9 @@ environment tokens. Nothing is ever re-tokenised: the prompt of turn k is `token
 The glue is read off the tokenizer's own chat template (`ChatGlue`). Observation text is
 tokenised with special tokens split, so agent output that prints "<|im_end|>" cannot forge a
 template token. The episode ends on `complete_task`, the turn limit or the token budget; any
-failure of our machinery ends it with an explicit status, never silently.
+failure of our machinery ends it with an explicit status, never silently. For the attribution
+of a timeout (loop/rollout/attribution.py) each turn records how long its generation took, and
+the rollout how long its cells ran as the sandbox measured them.
 
 With `memory_turns: n` (Verlog's memory) the prompt of turn t is `Trajectory.prompt_ids(t)`:
 the task context and the last n turns only, the same exact ids spliced out of the episode;
@@ -17,6 +19,7 @@ the token budget then bounds each turn's prompt, not the whole episode.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -114,14 +117,17 @@ async def run_episode(
         )
         try:
             messages = _window(traj.messages, context_messages, turn_index, settings.memory_turns)
+            generation_start = time.monotonic()
             generation = await generator.generate(prompt, params, messages=messages)
         except GeneratorError as exc:
             traj.status, traj.error = "generator_error", str(exc)
             break
+        generation_s = time.monotonic() - generation_start
         traj.token_exact &= bool(generation.metadata.get("token_exact", True))
         forged = generation.metadata.get("forged_special_tokens", 0)
         traj.forged_special_tokens += forged if isinstance(forged, int) else 0
         turn = _record_output(traj, tokenizer, generation)
+        turn.generation_s = generation_s
         if turn.code is None:
             observation = NO_CODE
         else:
@@ -135,10 +141,16 @@ async def run_episode(
             except Exception as exc:  # the sandbox itself failed, not the agent's code
                 traj.status, traj.error = "sandbox_crash", f"{type(exc).__name__}: {exc}"
                 break
-            finally:  # counted even when the rollout's time limit cancels the cell
+            except asyncio.CancelledError:  # the rollout's time limit, mid-cell: its time so far
                 traj.cell_time_s += time.monotonic() - cell_start
-            turn.api_calls = [dataclasses.asdict(c) for c in env.api_calls[calls_before:]]
+                raise
             result = env.last_result
+            # The time the sandbox measured running the cell, not until this event loop got
+            # back to the rollout: the wait for other rollouts' work is not the agent's.
+            traj.cell_time_s += (
+                result.duration_s if result is not None else time.monotonic() - cell_start
+            )
+            turn.api_calls = [dataclasses.asdict(c) for c in env.api_calls[calls_before:]]
             if result is not None:
                 turn.error, turn.timed_out, turn.crashed = (
                     result.error,

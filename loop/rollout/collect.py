@@ -7,6 +7,10 @@ tests (the same code evaluate.py reports). Our failures become statuses, never e
 take down the other rollouts and never a silent reward of 0.0; what the agent's own code causes
 is scored (the attribution rule in `loop/rollout/trajectory.py`). Once the episode ends the sandbox
 stops serving `apis`, so the state that is graded is the state the episode ended with.
+
+A rollout that reaches `agent.rollout_timeout_s` is the agent's or ours by the time it was
+charged for (loop/rollout/attribution.py): its cells, and its emitted tokens at the backend's
+time per token, measured over every turn generated so far in this collection.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ from loop.config import AgentConfig
 from loop.generators.base import Generator
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.agent import run_episode
-from loop.rollout.trajectory import RolloutStatus, Trajectory
+from loop.rollout.attribution import (
+    generation_points,
+    timeout_status,
+    token_time_bound,
+    token_time_charged,
+)
+from loop.rollout.trajectory import Trajectory
 from tasks import Environment, EnvironmentFailureError, Task, TaskSuite
 
 
@@ -62,10 +72,13 @@ async def collect_rollouts(
     cancelled, their sandboxes released, and they are left out of the result.
     """
     slots = asyncio.Semaphore(max_concurrent)
+    started: list[Trajectory] = []  # every rollout begun: their turns measure the backend
 
     async def run(job: RolloutJob) -> Trajectory:
         async with slots:
-            traj = await _rollout(job, suite, pool, generator, tokenizer, settings, example)
+            traj = await _rollout(
+                job, suite, pool, generator, tokenizer, settings, example, started
+            )
         if on_done is not None:
             on_done(traj)
         return traj
@@ -96,9 +109,11 @@ async def _rollout(
     tokenizer: Tokenizer,
     settings: AgentConfig,
     example: list[dict[str, str]],
+    started: list[Trajectory],
 ) -> Trajectory:
     task = job.task
     traj = Trajectory(task.id, task.scenario_id, task.difficulty, job.sample_index)
+    started.append(traj)
     sandbox = None
     try:
         if suite.uses_sandbox:  # AppWorld runs the agent's code in its own engine
@@ -115,7 +130,13 @@ async def _rollout(
         try:
             await asyncio.wait_for(episode, timeout=settings.rollout_timeout_s)
         except TimeoutError:
-            traj.status, traj.error = timeout_status(traj.cell_time_s, settings.rollout_timeout_s)
+            points = generation_points(turn for other in started for turn in other.turns)
+            token_time = token_time_bound(points, settings.token_time_z)
+            traj.status, traj.error = timeout_status(
+                traj.cell_time_s,
+                settings.rollout_timeout_s,
+                token_time_charged(traj.turns, token_time),
+            )
             traj.api_calls = [dataclasses.asdict(c) for c in env.api_calls]
         if sandbox is not None:  # the episode is over: nothing the agent left running may act
             sandbox.set_handler(None)
@@ -129,19 +150,10 @@ async def _rollout(
     return traj
 
 
-def timeout_status(cell_time_s: float, limit_s: float) -> tuple[RolloutStatus, str]:
-    """Whose a rollout's run-out of wall time is: the agent's when its own cells used at least
-    half of the limit (it is then scored on its final state), else our machinery's."""
-    spent = f"rollout exceeded {limit_s:g} s, {cell_time_s:.0f} s of it in the agent's cells"
-    if cell_time_s >= limit_s / 2:
-        return "timeout", spent
-    return "generation_timeout", spent
-
-
 async def _score(traj: Trajectory, env: Environment) -> None:
     """The environment's tests on the final state give the reward (one scoring path)."""
     try:
-        report = await env.aevaluate()  # a slow grader runs off the event loop
+        report = await env.aevaluate()  # off the event loop: it holds up no other rollout
     except EnvironmentFailureError as exc:  # its engine died before grading: as during a step
         traj.status, traj.error = "env_crash", f"grading failed: {type(exc).__name__}: {exc}"
         return
@@ -151,3 +163,4 @@ async def _score(traj: Trajectory, env: Environment) -> None:
     traj.tests = [dict(vars(test)) for test in report.tests]
     traj.reward = report.reward
     traj.success = report.success
+    traj.state_changed = report.state_changed

@@ -17,7 +17,10 @@ kernel, junk it leaves for the next kernel, arguments an API refuses, a rollout 
 time because its cells did (`timeout`). Only failures of our machinery are infrastructure
 statuses: the generator failing or being too slow (`generator_error`, `generation_timeout`), a
 sandbox that cannot be had or restarted (`sandbox_crash`), the environment's engine or grader
-failing (`env_crash`, `env_error`).
+failing (`env_crash`, `env_error`). Time is charged the same way: to the agent, its cells (as
+the sandbox measured them) and the generation of the tokens it chose to emit; to us, the rest
+(loop/rollout/attribution.py). A grader made slow by the state the agent left fails a test of
+the report (tasks/apptown/env.py), so that too is scored.
 
 Verlog's memory window (`agent.memory_turns: n`): turn t is generated from the task context
 (`tokens[:prompt_length]`) followed by the last n turns (each turn: the ids the policy sampled,
@@ -68,6 +71,7 @@ class Turn:
     timed_out: bool = False
     crashed: bool = False
     api_calls: list[dict[str, Any]] = field(default_factory=list)
+    generation_s: float = 0.0  # wall time of the turn's generate call (for attribution)
 
 
 @dataclass
@@ -89,6 +93,8 @@ class Trajectory:
     tests: list[dict[str, Any]] = field(default_factory=list)
     reward: float | None = None  # fraction of tests passed; None when not scored
     success: bool | None = None
+    # The final state differs from the initial one (`TestReport.state_changed`; None: unknown)
+    state_changed: bool | None = None
     status: RolloutStatus = "ok"
     error: str | None = None  # why an infrastructure status was given
     token_exact: bool = True  # False when a backend returned text that had to be re-tokenised
@@ -97,7 +103,7 @@ class Trajectory:
     forged_special_tokens: int = 0
     memory_turns: int | None = None  # the prompts' memory window (None: the whole history)
     duration_s: float = 0.0
-    cell_time_s: float = 0.0  # wall time spent running the agent's cells (for attribution)
+    cell_time_s: float = 0.0  # time the agent's cells ran, as the sandbox measured it
 
     @property
     def api_calls(self) -> list[dict[str, Any]]:

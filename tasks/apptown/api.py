@@ -6,7 +6,13 @@ signature is the whole definition:
 - parameter types and defaults come from the annotations (`Annotated[int, Arg(...)]` adds the
   description and bounds), and are enforced on every call (422 with a message on mismatch);
 - the description is the function's docstring;
-- the success response schema is the return annotation (a TypedDict or a list of one).
+- the success response schema is the return annotation (a TypedDict or a list of one);
+- whether it only reads is declared where it is registered (`@app.api(read_only=...)`, no
+  default), never guessed from its name, and the server holds a read to it (server.py).
+
+Every argument, whatever its type, holds at most MAX_STRING_CHARS characters in all its strings:
+an `Any` parameter (complete_task's answer) takes lists and objects, and the grader parses
+what it is given, so nothing the agent sends may be unbounded.
 
 `api_docs.show_api_doc` renders exactly these objects, so the documentation the agent reads is
 never written twice and cannot drift from what the code accepts.
@@ -25,10 +31,9 @@ from typing import Annotated, Any, TypedDict
 
 # The largest page an agent may ask for, as in AppWorld: code that assumes one page fails.
 MAX_PAGE_LIMIT = 20
-# The APIs that change no app state, by the AppWorld naming the built-in world follows (a
-# session's login and logout change none either); every other API may write.
-READ_PREFIXES = ("show_", "search_", "list_", "login", "logout")
-# The longest string argument: far past any real value, short of SQLite's LIKE pattern limit.
+# The most characters one argument may hold, in all its strings together (a plain string, or
+# every string and object key of a list or object): far past any real value, short of SQLite's
+# LIKE pattern limit, and small enough that parsing an answer costs milliseconds.
 MAX_STRING_CHARS = 10_000
 
 
@@ -118,8 +123,10 @@ class Param:
         if not matches_type(value, self.type):
             shown = repr(value) if len(repr(value)) <= 200 else f"{repr(value)[:200]}..."
             return f"must be {type_name(self.type)}, got {type(value).__name__} {shown}"
-        if isinstance(value, str) and len(value) > MAX_STRING_CHARS:
-            return f"must be at most {MAX_STRING_CHARS} characters, got {len(value)}"
+        chars = text_size(value)
+        if chars > MAX_STRING_CHARS:
+            where = "" if isinstance(value, str) else " in all its strings"
+            return f"must be at most {MAX_STRING_CHARS} characters{where}, got {chars}"
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if number and self.arg.ge is not None and value < self.arg.ge:
             return f"must be >= {self.arg.ge:g}, got {value!r}"
@@ -141,7 +148,7 @@ class Api:
     params: tuple[Param, ...]
     returns: Any
     needs_login: bool
-    read_only: bool  # changes no state: a read (`ApiCall.read_only`; see READ_PREFIXES)
+    read_only: bool  # declared: changes no app data (`ApiCall.read_only`; the server holds it)
 
     def bind(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Check `kwargs` against the parameters and fill defaults; raise 422 naming the problem."""
@@ -199,18 +206,22 @@ class App:
         self.description = description
         self.apis: dict[str, Api] = {}
 
-    def api(self, *, login: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register the decorated `fn(ctx, ...)`; `login=False` for APIs callable before login."""
+    def api(
+        self, *, read_only: bool, login: bool = True
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register the decorated `fn(ctx, ...)`. `read_only`: it changes no app data (every
+        API declares it; a session's login and logout are reads); `login=False` for APIs
+        callable before login."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             assert fn.__name__ not in self.apis, f"{self.name}.{fn.__name__} defined twice"
-            self.apis[fn.__name__] = _api_from_function(self.name, fn, login)
+            self.apis[fn.__name__] = _api_from_function(self.name, fn, login, read_only)
             return fn
 
         return register
 
 
-def _api_from_function(app: str, fn: Callable[..., Any], login: bool) -> Api:
+def _api_from_function(app: str, fn: Callable[..., Any], login: bool, read_only: bool) -> Api:
     hints = typing.get_type_hints(fn, include_extras=True)
     signature = inspect.signature(fn)
     params = []
@@ -229,8 +240,24 @@ def _api_from_function(app: str, fn: Callable[..., Any], login: bool) -> Api:
         params=tuple(params),
         returns=hints["return"],
         needs_login=login,
-        read_only=fn.__name__.startswith(READ_PREFIXES),
+        read_only=read_only,
     )
+
+
+def text_size(value: Any) -> int:
+    """The characters of every string and object key in a JSON value, together (iterative: a
+    deep value cannot make it recurse; the bridge bounds the number of members)."""
+    size, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            size += sum(len(key) for key in item if isinstance(key, str))
+            stack.extend(item.values())
+    return size
 
 
 def matches_type(value: Any, tp: Any) -> bool:

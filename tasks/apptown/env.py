@@ -6,10 +6,20 @@ arrives at `handle`, runs against this instance's private SQLite state, and is r
 MAX_CALLS calls in one episode) go back to agent code as `sandbox.ApiError` with status
 401/404/422/429; anything else is an environment bug, which the sandbox records in
 `handler_errors` and `evaluate` raises as `EnvironmentFailureError`.
+
+`aevaluate` grades on a thread of its own, never on the event loop, and waits at most
+`grade_timeout_s`. Grading a state takes milliseconds and reads only what the agent left (its
+writes, at most MAX_CALLS of bounded size, and its answer, bounded by the API and parsed in
+linear time), so a grader past the limit was made slow by the agent's state: the agent's
+failure, reported as one failed test (`graded_in_time`), not an exception that would exclude
+the rollout. A thread cannot be stopped: one that overruns finishes on its own, holding up
+nothing else (not the loop, not a shared pool).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import sqlite3
 import threading
@@ -28,11 +38,15 @@ from tasks.core import (
     SandboxLike,
     Task,
     TestReport,
+    TestResult,
     recorded_arguments,
     task_context,
 )
 
 MAX_CALLS = 10_000  # API calls one episode may make; every one is kept in host memory
+# Grading takes milliseconds; the most an agent can leave (MAX_CALLS writes of bounded size:
+# 10,000 files of 10,000 characters) took 0.3 s. A minute is far past both, even under load.
+GRADE_TIMEOUT_S = 60.0
 
 
 class AppTownEnv:
@@ -47,11 +61,14 @@ class AppTownEnv:
         initial_state: Snapshot,
         now: dt.datetime,
         grade: Callable[[sqlite3.Connection, Any, bool], TestReport],
+        grade_timeout_s: float = GRADE_TIMEOUT_S,
     ):
         """`user`: the supervisor the agent acts for. `initial_state`: the task's state, forked
         per episode. `now`: the world's clock. `grade(db, answer, completed)`: the task's tests
-        on a final state (the suite's one scoring path)."""
+        on a final state (the suite's one scoring path). `grade_timeout_s`: how long
+        `aevaluate` waits for them (see the module docstring)."""
         self.task = task
+        self.grade_timeout_s = grade_timeout_s
         self.sandbox = sandbox
         self.user = user
         self.initial_state = initial_state
@@ -140,8 +157,40 @@ class AppTownEnv:
             return self.grade(ctx.db, ctx.answer, ctx.completed)
 
     async def aevaluate(self) -> TestReport:
-        """`evaluate` for asyncio rollouts (grading a SQLite state takes milliseconds: inline)."""
-        return self.evaluate()
+        """`evaluate` on a thread of its own, waiting at most `grade_timeout_s`; past it, the
+        agent's state made grading slow: one failed test (see the module docstring)."""
+        try:
+            return await asyncio.wait_for(_on_own_thread(self.evaluate), self.grade_timeout_s)
+        except TimeoutError:
+            limit = f"{self.grade_timeout_s:g} s"
+            test = TestResult(
+                "graded_in_time",
+                f"The final state and answer can be graded within {limit}",
+                False,
+                f"grading the state the agent left took longer than {limit}",
+            )
+            return TestReport(self.task.id, (test,))
+
+
+async def _on_own_thread(fn: Callable[[], TestReport]) -> TestReport:
+    """`fn()` on a new daemon thread: one that never returns holds no pool's worker."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[TestReport] = loop.create_future()
+
+    def settle(setter: Callable[[Any], None], value: Any) -> None:
+        if not future.done():  # else the caller stopped waiting
+            setter(value)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Callable[[Any], None], Any] = (future.set_result, fn())
+        except BaseException as exc:  # raised to the caller
+            outcome = (future.set_exception, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="apptown-grade", daemon=True).start()
+    return await future
 
 
 def format_observation(result: Any) -> str:

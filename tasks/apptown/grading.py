@@ -2,7 +2,14 @@
 scenario makes on it (the requested change happened, nothing else changed, the answer is right).
 
 `Grader` collects `TestResult`s into a `TestReport`; the same report gives the training reward
-and what `evaluate.py` prints, so there is one scoring path.
+and what `evaluate.py` prints, so there is one scoring path. The report also says whether the
+state changed at all (`TestReport.state_changed`: the diff is not empty), what `reward: acted`
+reads.
+
+The answer is the agent's, so everything that reads it runs in time linear in its size (no
+backtracking pattern: `parse_number` reads a number in one pass); the API bounds its size
+(tasks/apptown/api.py), and the environment grades off the event loop under a time limit
+(tasks/apptown/env.py).
 """
 
 from __future__ import annotations
@@ -162,7 +169,8 @@ class Grader:
         )
 
     def report(self) -> TestReport:
-        return TestReport(self.task_id, tuple(self.results))
+        """The tests so far, and whether anything changed (a change undone is none)."""
+        return TestReport(self.task_id, tuple(self.results), state_changed=bool(self.diff.changes))
 
 
 def normalize(value: Any) -> Any:
@@ -175,19 +183,44 @@ def normalize(value: Any) -> Any:
         return round(float(value), 2)
     if isinstance(value, str):
         text = value.strip().strip(".").strip()
-        number = re.fullmatch(r"\$?\s*(-?[\d,]*\.?\d+)", text)
-        if number:
-            return round(float(number.group(1).replace(",", "")), 2)
+        number = parse_number(text)
+        if number is not None:
+            return round(number, 2)
         return " ".join(text.lower().split())
     if isinstance(value, list | tuple):
         return [normalize(v) for v in value]
     return value
 
 
+def parse_number(text: str) -> float | None:
+    r"""The number `text` writes, or None: an optional "$", spaces, an optional "-", then digits
+    and thousands commas, with at most one "." followed by digits ("$1,234.50", "-3", ".5").
+
+    What the pattern `\$?\s*(-?[\d,]*\.?\d+)` accepted, read in one pass: that pattern
+    backtracked in time quadratic in the length of a long run of digits that does not match
+    (45,000 characters took 19 s).
+    """
+    body = text[1:] if text.startswith("$") else text
+    body = body.lstrip()
+    sign = "-" if body.startswith("-") else ""
+    whole, dot, fraction = body[len(sign) :].partition(".")
+    digits = whole.replace(",", "")
+    if digits and not digits.isdecimal():  # isdecimal: the characters \d matches
+        return None
+    if dot:
+        if not fraction.isdecimal():  # at least one digit, and no second "."
+            return None
+    elif not whole[-1:].isdecimal():  # digits and commas ending in a digit
+        return None
+    return float(f"{sign}{digits or '0'}.{fraction or '0'}")
+
+
 def answers_match(answer: Any, expected: Any, *, ordered: bool = False) -> bool:
     """Whether `answer` equals `expected`; a list may come as a comma/newline separated string."""
     if isinstance(expected, list) and isinstance(answer, str):
         answer = [part for part in re.split(r"[,\n]", answer) if part.strip()]
+    if isinstance(expected, list) and isinstance(answer, list) and len(answer) != len(expected):
+        return False  # decided before normalising and sorting what may be many items
     got, want = normalize(answer), normalize(expected)
     if isinstance(want, list) and isinstance(got, list) and not ordered:
         return sorted(map(repr, got)) == sorted(map(repr, want))

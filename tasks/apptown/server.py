@@ -1,7 +1,9 @@
 """The AppTown request handler: validates a call, checks the login, runs it in a transaction.
 
 `AppServer.call(app, api, kwargs)` is what the sandbox's `apis.<app>.<api>(**kwargs)` reaches
-(through `AppTownEnv`). Each call is atomic: an API that fails half way leaves no trace.
+(through `AppTownEnv`). Each call is atomic: an API that fails half way leaves no trace. An API
+declared read-only that changed a row is a bug of the world, raised as such (never the agent's),
+so the declaration `ApiCall.read_only` records is held, not trusted.
 Arguments are untrusted: values SQLite or the APIs cannot hold (integers past 64 bits, NaN,
 lone surrogates, deep nesting) are a 422 here, never an internal error.
 
@@ -51,8 +53,11 @@ class AppServer:
             raise AppError(401, f"You are not logged in to {app}; call apis.{app}.login first.")
         db = self.ctx.db
         db.execute("BEGIN")
+        changes = db.total_changes
         try:
             result = spec.fn(self.ctx, **args)
+            if spec.read_only and db.total_changes != changes:
+                raise RuntimeError(f"{app}.{api} is declared read-only but changed a row")
         except BaseException:
             db.execute("ROLLBACK")
             raise

@@ -1,6 +1,7 @@
-"""`train.reward: acted`: the collateral test counts only once the agent acted (hand-computed);
-what is collateral and what is a read is marked by the suite (the built-in world marks both, a
-suite that marks neither is refused `acted` in one line).
+"""`train.reward: acted`: the collateral test counts only once the agent acted (hand-computed):
+changed the state or passed a test that is not collateral, never by which APIs it called; what
+is collateral and whether the state changed is the suite's to say (the built-in world says
+both, a suite that says neither is refused `acted` in one line).
 
 Run: python -m pytest tests/loop/test_reward_option.py
 """
@@ -21,8 +22,10 @@ from tasks.apptown import AppTownSuite
 READS = ("login", "show_profile", "search_contacts")  # what the built-in world marks read-only
 
 
-def rollout(status: str, calls: list[tuple[str, bool]], goal: bool = False) -> Trajectory:
-    traj = Trajectory("t_1", "t", 1, 0, status=status)  # type: ignore[arg-type]
+def rollout(
+    status: str, calls: list[tuple[str, bool]], goal: bool = False, changed: bool = False
+) -> Trajectory:
+    traj = Trajectory("t_1", "t", 1, 0, status=status, state_changed=changed)  # type: ignore[arg-type]
     turn = Turn(0, 1, "stop", "t", "x = 1")
     turn.api_calls = [
         {"app": "phone", "api": api, "ok": ok, "read_only": api in READS} for api, ok in calls
@@ -44,23 +47,30 @@ def test_doing_nothing_earns_nothing_under_acted_and_half_under_fraction() -> No
 
 
 @pytest.mark.parametrize(
-    ("status", "calls", "reward"),
+    ("status", "calls", "changed", "reward"),
     [
-        ("ok", [], 0.5),  # called complete_task
-        ("max_turns", [("update_contact", True)], 0.5),  # changed something
-        ("max_turns", [("update_contact", False)], 0.0),  # a refused write is not acting
+        ("ok", [], False, 0.0),  # complete_task alone is not acting
+        ("max_turns", [("update_contact", True)], True, 0.5),  # changed something
+        ("ok", [("update_contact", True)] * 2, False, 0.0),  # a write undone changed nothing
+        ("max_turns", [("update_contact", False)], False, 0.0),  # a refused write neither
     ],
 )
 def test_the_collateral_test_counts_once_the_agent_acted(
-    status: str, calls: list[tuple[str, bool]], reward: float
+    status: str, calls: list[tuple[str, bool]], changed: bool, reward: float
 ) -> None:
-    assert rollout_reward(rollout(status, calls), "acted") == reward
+    assert rollout_reward(rollout(status, calls, changed=changed), "acted") == reward
+
+
+def test_passing_the_tasks_own_test_is_acting_without_a_change() -> None:
+    """A question answered right changes nothing, and earns the whole reward."""
+    answered = rollout("ok", [("show_profile", True)], goal=True)
+    assert rollout_reward(answered, "acted") == 1.0
 
 
 def test_acted_is_the_reward_the_advantages_see_and_it_is_logged() -> None:
-    idle = rollout("max_turns", [])
-    wrong = rollout("ok", [("update_contact", True)])
-    right = rollout("ok", [("update_contact", True)], goal=True)
+    idle = rollout("ok", [])
+    wrong = rollout("ok", [("update_contact", True)], changed=True)
+    right = rollout("ok", [("update_contact", True)], goal=True, changed=True)
     group = [idle, wrong, right]
     credit = assign_credit([group], method="loo", reward="acted", threshold=0.01)
     assert credit.rewards == [0.0, 0.5, 1.0]
@@ -72,12 +82,13 @@ def test_acted_is_the_reward_the_advantages_see_and_it_is_logged() -> None:
     assert load_config(None, ["train.reward=acted"]).train.reward == "acted"
 
 
-def test_acted_reads_the_suites_marks_not_names() -> None:
-    """Unmarked, the same calls and tests make `acted` equal `fraction`: loop/ knows no names."""
-    idle = rollout("max_turns", [("login", True), ("show_profile", True)])
-    for call in idle.api_calls:
+def test_acted_reads_the_state_not_the_calls() -> None:
+    """Calls marked as writes that changed nothing are not acting; unmarked tests make `acted`
+    equal `fraction`: loop/ knows no names."""
+    writes = rollout("ok", [("login", True), ("update_contact", True)])
+    for call in writes.api_calls:
         call["read_only"] = False
-    assert rollout_reward(idle, "acted") == 0.5  # a "write" was made: the collateral test counts
+    assert rollout_reward(writes, "acted") == 0.0  # no change: the collateral test is held back
     idle = rollout("max_turns", [("login", True)])
     for test in idle.tests:
         test["collateral"] = False
@@ -116,6 +127,7 @@ def test_the_built_in_world_marks_its_collateral_test_and_its_reads() -> None:
     report = asyncio.run(env.aevaluate())
     assert [t.collateral for t in report.tests] == [False] * (len(report.tests) - 1) + [True]
     assert report.tests[-1].name == "no_collateral_changes"
+    assert report.state_changed is False
     assert env.server.read_only("files", "list_directory")
     assert not env.server.read_only("nope", "x")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -246,6 +247,18 @@ def test_private_tmp_is_size_capped(sb: Sandbox) -> None:
     )
     result = sb.execute(code)
     assert result.error is not None and "No space left" in result.error, result
+
+
+def test_scratch_space_is_capped_in_bytes_and_files(canary: Sandbox) -> None:
+    with Sandbox(limits=Limits(disk_mb=8, max_files=100), strict=True) as sb:
+        big = sb.execute("open('big.bin', 'wb').write(b'0' * (20 * 2**20))")
+        assert big.error is not None and "No space left" in big.error, big
+        many = sb.execute("for i in range(1000): open(f'f{i}', 'w').close()")
+        assert many.error is not None and "No space left" in many.error, many
+        assert shutil.disk_usage(sb.directory).total <= 8 * 2**20  # the host sees the cap
+        assert sb.execute("import os\nos._exit(1)").crashed
+        assert sb.execute("'alive'").output.startswith("'alive'\n")  # restarts when full
+    assert_healthy(canary)
 
 
 # -- files ----------------------------------------------------------------------------------

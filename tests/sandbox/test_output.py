@@ -5,7 +5,7 @@ Run: python -m pytest tests/sandbox/test_output.py
 
 from __future__ import annotations
 
-from sandbox.output import OutputCollector, clean_text, truncation_notice
+from sandbox.output import OutputCollector, clean_text, cut_text, truncation_notice
 
 
 def test_streams_results_and_errors_keep_notebook_order() -> None:
@@ -54,3 +54,26 @@ def test_rich_output_without_text_is_named() -> None:
 
 def test_clean_text_drops_ansi_and_control_characters() -> None:
     assert clean_text("\x1b[31mred\x1b[0m\x00\x07 ok\tx\r\nnext\rover") == "red ok\tx\nnext\nover"
+
+
+def test_a_huge_error_line_is_cut_with_the_count() -> None:
+    out = OutputCollector(max_chars=20)
+    out.add("error", {"ename": "Exception", "evalue": "x" * 1000, "traceback": []})
+    assert out.error == "Exception: " + "x" * 9 + "... [991 characters cut]"
+    assert cut_text("short", 20) == "short"
+
+
+def test_the_reply_gives_the_error_when_no_error_message_came() -> None:
+    out = OutputCollector(max_chars=100)
+    out.add_reply({"status": "error", "ename": "ValueError", "evalue": "bad"})
+    assert out.error == "ValueError: bad"
+    out.add_reply({"status": "error", "ename": "Other", "evalue": "ignored"})
+    assert out.error == "ValueError: bad"  # the first error stands
+
+
+def test_content_of_any_shape_is_taken_without_raising() -> None:
+    out = OutputCollector(max_chars=100)
+    out.add("display_data", {"data": "not a dict"})
+    out.add("stream", {"text": 123})
+    out.add("error", {"ename": 5, "traceback": "not a list"})
+    assert out.text() == "1235: \n" and out.error == "5: "

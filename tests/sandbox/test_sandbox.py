@@ -203,6 +203,10 @@ def test_bad_limits_are_one_line_errors() -> None:
         Limits(memory_mb=0)
     with pytest.raises(ValueError, match="max_processes must be >= 16"):
         Limits(max_processes=4)
+    with pytest.raises(ValueError, match="disk_mb must be a positive integer"):
+        Limits(disk_mb=0)
+    with pytest.raises(ValueError, match="max_files must be >= 64"):
+        Limits(max_files=10)
     with pytest.raises(ValueError, match="timeout_s"):
         Sandbox(timeout_s=0)
 

@@ -114,6 +114,19 @@ def test_a_no_op_fails_the_task_and_keeps_the_collateral_check(suite: AppTownSui
         assert report.tests[-1].name == "no_collateral_changes" and report.tests[-1].passed
 
 
+def test_completing_without_acting_passes_only_the_collateral_check(suite: AppTownSuite) -> None:
+    """What `reward: acted` relies on: in every task, `complete_task()` alone changes no state
+    and passes no test but the collateral one, so passing another test is acting."""
+    problems = []
+    for split in suite.splits:
+        for task in suite.tasks(split):
+            report = run_in_process(suite, task, ["apis.supervisor.complete_task()"]).report
+            passed = [t.name for t in report.tests if t.passed and not t.collateral]
+            if passed or report.state_changed is not False:
+                problems.append(f"{task.id}: passed {passed}, changed {report.state_changed}")
+    assert not problems, "\n".join(problems)
+
+
 def test_gold_solutions_use_only_apis() -> None:
     suite = AppTownSuite()
     forbidden = re.compile(r"\b(open|exec|eval|__import__|sqlite3|suite|os\.)\b")

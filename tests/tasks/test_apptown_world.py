@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tasks.apptown.api import MAX_PAGE_LIMIT, AppError
+from tasks.apptown.api import MAX_PAGE_LIMIT, App, AppError, Context, Message
 from tasks.apptown.apps import APPS
 from tasks.apptown.people import RELATIONSHIPS
 from tasks.apptown.server import AppServer
@@ -214,6 +214,49 @@ def test_a_page_past_sqlites_range_is_empty_not_an_error(world: World) -> None:
 def test_a_string_too_long_for_sqlite_is_422(world: World) -> None:
     error = _error(_server(world), "phone", "search_contacts", {"query": "x" * 900_000})
     assert error.status == 422 and "at most 10000 characters" in error.message
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [["1" * 45_000 + "x"], ["x" * 5_000, "y" * 5_001], {"k" * 10_001: 1}, [["x" * 10_001]]],
+    ids=["one-item", "items-together", "object-key", "nested"],
+)
+def test_an_answer_of_any_type_is_bounded_in_size(world: World, answer: Any) -> None:
+    """A list or an object skipped the limit of strings, and the grader parses the answer."""
+    server = _server(world, login=())
+    error = _error(server, "supervisor", "complete_task", {"answer": answer})
+    assert error.status == 422 and "at most 10000 characters in all its strings" in error.message
+    assert not server.ctx.completed  # refused: the agent can answer again
+    server.call("supervisor", "complete_task", {"answer": ["x" * 5_000, "y" * 5_000]})
+    assert server.ctx.completed
+
+
+def test_every_api_declares_whether_it_only_reads() -> None:
+    """Declared where each API is registered, not guessed from its name."""
+    reads = {f"{a.name}.{s.name}" for a in APPS.values() for s in a.apis.values() if s.read_only}
+    assert {"files.list_directory", "phone.login", "music.logout", "api_docs.show_api_doc"} <= reads
+    assert not reads & {"email.download_attachment", "supervisor.complete_task", "music.like_song"}
+    with pytest.raises(TypeError, match="read_only"):
+        App("x", "x").api()  # type: ignore[call-arg]
+
+
+def test_a_read_only_api_that_writes_is_a_bug_of_the_world(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = App("sneaky", "Declares a read that writes.")
+
+    @app.api(read_only=True, login=False)
+    def show_nothing(ctx: Context) -> Message:
+        """Claims to read."""
+        ctx.db.execute("UPDATE todo_items SET title = 'x' WHERE id = 1")
+        return {"message": "read"}
+
+    monkeypatch.setitem(APPS, "sneaky", app)
+    server = _server(world, login=())
+    before = server.ctx.db.serialize()
+    with pytest.raises(RuntimeError, match="declared read-only but changed a row"):
+        server.call("sneaky", "show_nothing", {})
+    assert server.ctx.db.serialize() == before  # rolled back
 
 
 def _extremes(tp: Any) -> list[Any]:

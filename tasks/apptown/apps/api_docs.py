@@ -32,13 +32,13 @@ def _summary(api: Api) -> str:
     return api.description.split("\n\n")[0].replace("\n", " ")
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_app_descriptions(ctx: Context) -> list[AppDescription]:
     """List every app with a one-line description."""
     return [{"name": a.name, "description": a.description} for a in ctx.apps.values()]
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_api_descriptions(
     ctx: Context, app_name: Annotated[str, Arg("The app whose APIs to list.")]
 ) -> list[ApiDescription]:
@@ -46,7 +46,7 @@ def show_api_descriptions(
     return [{"name": a.name, "description": _summary(a)} for a in _app(ctx, app_name).apis.values()]
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_api_doc(
     ctx: Context,
     app_name: Annotated[str, Arg("The app the API belongs to.")],

@@ -37,8 +37,8 @@ def add_login(app: App, username_field: str) -> None:
         f"needs it; the session lasts until logout."
     )
     logout.__doc__ = f"Log out of {app.name}."
-    app.api(login=False)(login)
-    app.api()(logout)
+    app.api(read_only=True, login=False)(login)
+    app.api(read_only=True)(logout)
 
 
 def person_by_email(ctx: Context, email: str) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def _deliver(
     return email_id
 
 
-@app.api()
+@app.api(read_only=True)
 def show_inbox(
     ctx: Context,
     query: Annotated[str, Arg("Text to find in the subject or body.")] = "",
@@ -113,7 +113,7 @@ def show_inbox(
     return as_bools(ctx.page(sql, params, page_index, page_limit), "is_starred", "is_archived")
 
 
-@app.api()
+@app.api(read_only=True)
 def show_sent_emails(
     ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5
 ) -> list[Email]:
@@ -127,7 +127,7 @@ def show_sent_emails(
     return [show_email(ctx, r["id"]) for r in ids]
 
 
-@app.api()
+@app.api(read_only=True)
 def show_email(ctx: Context, email_id: EmailId) -> Email:
     """Show one email with its recipients and attachments."""
     e = _visible(ctx, email_id)
@@ -159,7 +159,7 @@ def show_email(ctx: Context, email_id: EmailId) -> Email:
     }
 
 
-@app.api()
+@app.api(read_only=False)
 def send_email(
     ctx: Context,
     recipients: Annotated[list[str], Arg("Email addresses to send to.")],
@@ -190,7 +190,7 @@ def send_email(
     return {"message": "Email sent.", "id": email_id}
 
 
-@app.api()
+@app.api(read_only=False)
 def reply_to_email(
     ctx: Context, email_id: EmailId, body: Annotated[str, Arg("The text of the reply.")]
 ) -> Created:
@@ -213,7 +213,7 @@ def _flag(ctx: Context, email_id: int, column: str, value: bool) -> Message:
     return {"message": f"Email {email_id} updated."}
 
 
-@app.api()
+@app.api(read_only=False)
 def star_email(
     ctx: Context,
     email_id: EmailId,
@@ -223,7 +223,7 @@ def star_email(
     return _flag(ctx, email_id, "is_starred", starred)
 
 
-@app.api()
+@app.api(read_only=False)
 def archive_email(
     ctx: Context,
     email_id: EmailId,
@@ -233,7 +233,7 @@ def archive_email(
     return _flag(ctx, email_id, "is_archived", archived)
 
 
-@app.api()
+@app.api(read_only=False)
 def download_attachment(
     ctx: Context,
     attachment_id: Annotated[int, Arg("The attachment's id (from show_email).")],

@@ -48,7 +48,7 @@ def _free(ctx: Context, path: str) -> None:
         raise AppError(422, f"A file already exists at {path!r}.")
 
 
-@app.api()
+@app.api(read_only=True)
 def list_directory(
     ctx: Context,
     directory: Annotated[str, Arg("The directory to list, recursively.")] = "/",
@@ -68,7 +68,7 @@ def list_directory(
     )
 
 
-@app.api()
+@app.api(read_only=True)
 def show_file(ctx: Context, path: Path) -> File:
     """Show a file's content."""
     f = _file(ctx, path)
@@ -76,7 +76,7 @@ def show_file(ctx: Context, path: Path) -> File:
     return f
 
 
-@app.api()
+@app.api(read_only=False)
 def create_file(
     ctx: Context, path: Path, content: Annotated[str, Arg("The file's text.")] = ""
 ) -> Message:
@@ -90,7 +90,7 @@ def create_file(
     return {"message": f"Created {path}."}
 
 
-@app.api()
+@app.api(read_only=False)
 def update_file(
     ctx: Context, path: Path, content: Annotated[str, Arg("The new text (replaces the old).")]
 ) -> Message:
@@ -103,7 +103,7 @@ def update_file(
     return {"message": f"Updated {path}."}
 
 
-@app.api()
+@app.api(read_only=False)
 def move_file(
     ctx: Context,
     source_path: Annotated[str, Arg("The file to move.")],
@@ -119,7 +119,7 @@ def move_file(
     return {"message": f"Moved {source_path} to {destination_path}."}
 
 
-@app.api()
+@app.api(read_only=False)
 def delete_file(ctx: Context, path: Path) -> Message:
     """Delete a file."""
     f = _file(ctx, path)

@@ -111,7 +111,7 @@ def _toggle(ctx: Context, table: str, song_id: int, add: bool, what: str) -> Mes
     }
 
 
-@app.api()
+@app.api(read_only=True)
 def search_songs(
     ctx: Context,
     query: Annotated[str, Arg("Text to find in the title, artist or album.")] = "",
@@ -128,13 +128,13 @@ def search_songs(
     return ctx.page(sql, params, page_index, page_limit)
 
 
-@app.api()
+@app.api(read_only=True)
 def show_song(ctx: Context, song_id: SongId) -> Song:
     """Show one song."""
     return _song(ctx, song_id)
 
 
-@app.api()
+@app.api(read_only=True)
 def show_album(ctx: Context, album_id: Annotated[int, Arg("The album's id.")]) -> Album:
     """Show an album with the ids of its songs."""
     album = ctx.one(
@@ -147,25 +147,25 @@ def show_album(ctx: Context, album_id: Annotated[int, Arg("The album's id.")]) -
     return album
 
 
-@app.api()
+@app.api(read_only=True)
 def show_library(ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5) -> list[Song]:
     """Show the songs in your library, sorted by title."""
     return _collection(ctx, "music_library", (page_index, page_limit))
 
 
-@app.api()
+@app.api(read_only=False)
 def add_song_to_library(ctx: Context, song_id: SongId) -> Message:
     """Add a song to your library."""
     return _toggle(ctx, "music_library", song_id, True, "library")
 
 
-@app.api()
+@app.api(read_only=False)
 def remove_song_from_library(ctx: Context, song_id: SongId) -> Message:
     """Remove a song from your library."""
     return _toggle(ctx, "music_library", song_id, False, "library")
 
 
-@app.api()
+@app.api(read_only=True)
 def show_liked_songs(
     ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5
 ) -> list[Song]:
@@ -173,19 +173,19 @@ def show_liked_songs(
     return _collection(ctx, "music_likes", (page_index, page_limit))
 
 
-@app.api()
+@app.api(read_only=False)
 def like_song(ctx: Context, song_id: SongId) -> Message:
     """Like a song."""
     return _toggle(ctx, "music_likes", song_id, True, "liked songs")
 
 
-@app.api()
+@app.api(read_only=False)
 def unlike_song(ctx: Context, song_id: SongId) -> Message:
     """Remove a song from your liked songs."""
     return _toggle(ctx, "music_likes", song_id, False, "liked songs")
 
 
-@app.api()
+@app.api(read_only=True)
 def show_playlists(
     ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5
 ) -> list[PlaylistSummary]:
@@ -199,7 +199,7 @@ def show_playlists(
     return as_bools(rows, "is_public")
 
 
-@app.api()
+@app.api(read_only=True)
 def show_playlist(ctx: Context, playlist_id: PlaylistId) -> Playlist:
     """Show one of your playlists with all its songs, in playlist order."""
     playlist = _own_playlist(ctx, playlist_id)
@@ -212,7 +212,7 @@ def show_playlist(ctx: Context, playlist_id: PlaylistId) -> Playlist:
     return playlist
 
 
-@app.api()
+@app.api(read_only=False)
 def create_playlist(
     ctx: Context,
     title: Annotated[str, Arg("The playlist's title.")],
@@ -228,7 +228,7 @@ def create_playlist(
     return {"message": "Playlist created.", "id": int(cursor.lastrowid or 0)}
 
 
-@app.api()
+@app.api(read_only=False)
 def add_song_to_playlist(ctx: Context, playlist_id: PlaylistId, song_id: SongId) -> Message:
     """Append a song to one of your playlists."""
     _own_playlist(ctx, playlist_id)
@@ -247,7 +247,7 @@ def add_song_to_playlist(ctx: Context, playlist_id: PlaylistId, song_id: SongId)
     return {"message": f"Added {title!r} to the playlist."}
 
 
-@app.api()
+@app.api(read_only=False)
 def remove_song_from_playlist(ctx: Context, playlist_id: PlaylistId, song_id: SongId) -> Message:
     """Remove a song from one of your playlists."""
     _own_playlist(ctx, playlist_id)
@@ -260,7 +260,7 @@ def remove_song_from_playlist(ctx: Context, playlist_id: PlaylistId, song_id: So
     return {"message": "Song removed from the playlist."}
 
 
-@app.api()
+@app.api(read_only=False)
 def delete_playlist(ctx: Context, playlist_id: PlaylistId) -> Message:
     """Delete one of your playlists."""
     _own_playlist(ctx, playlist_id)

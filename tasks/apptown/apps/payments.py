@@ -114,7 +114,7 @@ def _move_money(ctx: Context, sender: int, receiver: int, amount: float, what: s
     return int(cursor.lastrowid or 0)
 
 
-@app.api()
+@app.api(read_only=True)
 def show_balance(ctx: Context) -> Balance:
     """Show your current balance in dollars."""
     return ctx.one(
@@ -124,7 +124,7 @@ def show_balance(ctx: Context) -> Balance:
     )
 
 
-@app.api()
+@app.api(read_only=True)
 def show_friends(
     ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5
 ) -> list[Friend]:
@@ -139,7 +139,7 @@ def show_friends(
     )
 
 
-@app.api()
+@app.api(read_only=True)
 def show_transactions(
     ctx: Context,
     direction: Annotated[
@@ -166,7 +166,7 @@ def show_transactions(
     return _transactions(ctx, where, params, (page_index, page_limit))
 
 
-@app.api()
+@app.api(read_only=True)
 def show_transaction(
     ctx: Context, transaction_id: Annotated[int, Arg("The transaction to show.")]
 ) -> Transaction:
@@ -175,7 +175,7 @@ def show_transaction(
     return _transactions(ctx, "t.id = ?", (transaction_id,), (0, 1))[0]
 
 
-@app.api()
+@app.api(read_only=True)
 def show_social_feed(
     ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5
 ) -> list[Transaction]:
@@ -185,7 +185,7 @@ def show_social_feed(
     return _transactions(ctx, where, (ctx.user_id, ctx.user_id), (page_index, page_limit))
 
 
-@app.api()
+@app.api(read_only=False)
 def send_money(
     ctx: Context,
     receiver_email: Annotated[str, Arg("Email of the person to pay.")],
@@ -200,7 +200,7 @@ def send_money(
     return {"message": "Money sent.", "id": tid}
 
 
-@app.api()
+@app.api(read_only=False)
 def like_transaction(
     ctx: Context, transaction_id: Annotated[int, Arg("The transaction to like.")]
 ) -> Message:
@@ -219,7 +219,7 @@ def like_transaction(
     return {"message": "Transaction liked."}
 
 
-@app.api()
+@app.api(read_only=False)
 def unlike_transaction(
     ctx: Context, transaction_id: Annotated[int, Arg("The transaction to unlike.")]
 ) -> Message:
@@ -239,7 +239,7 @@ def _requests(ctx: Context, side: str, status: str | None, page: tuple[int, int]
     return ctx.page(sql, (ctx.user_id, status, status), *page)
 
 
-@app.api()
+@app.api(read_only=True)
 def show_sent_payment_requests(
     ctx: Context,
     status: RequestStatus = None,
@@ -250,7 +250,7 @@ def show_sent_payment_requests(
     return _requests(ctx, "requester_id", status, (page_index, page_limit))
 
 
-@app.api()
+@app.api(read_only=True)
 def show_received_payment_requests(
     ctx: Context,
     status: RequestStatus = None,
@@ -261,7 +261,7 @@ def show_received_payment_requests(
     return _requests(ctx, "payer_id", status, (page_index, page_limit))
 
 
-@app.api()
+@app.api(read_only=False)
 def create_payment_request(
     ctx: Context,
     user_email: Annotated[str, Arg("Email of the person who should pay you.")],
@@ -292,7 +292,7 @@ def _pending(ctx: Context, request_id: int, side: str) -> dict[str, Any]:
     return request
 
 
-@app.api()
+@app.api(read_only=False)
 def remind_payment_request(
     ctx: Context, payment_request_id: Annotated[int, Arg("A pending request you sent.")]
 ) -> Message:
@@ -305,7 +305,7 @@ def remind_payment_request(
     return {"message": "Reminder sent."}
 
 
-@app.api()
+@app.api(read_only=False)
 def approve_payment_request(
     ctx: Context, payment_request_id: Annotated[int, Arg("A pending request sent to you.")]
 ) -> Message:
@@ -321,7 +321,7 @@ def approve_payment_request(
     return {"message": "Payment request approved and paid."}
 
 
-@app.api()
+@app.api(read_only=False)
 def decline_payment_request(
     ctx: Context, payment_request_id: Annotated[int, Arg("A pending request sent to you.")]
 ) -> Message:

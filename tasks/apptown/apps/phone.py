@@ -80,7 +80,7 @@ def _own_contact(ctx: Context, contact_id: int) -> Any:
     )[0]
 
 
-@app.api()
+@app.api(read_only=True)
 def search_contacts(
     ctx: Context,
     query: Annotated[str, Arg("Text to find in the name, email or phone number.")] = "",
@@ -100,19 +100,19 @@ def search_contacts(
     )
 
 
-@app.api()
+@app.api(read_only=True)
 def show_contact(ctx: Context, contact_id: Annotated[int, Arg("The contact to show.")]) -> Contact:
     """Show one contact."""
     return _own_contact(ctx, contact_id)
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_contact_relationships(ctx: Context) -> list[str]:
     """List the relationship labels a contact can have."""
     return list(RELATIONSHIPS)
 
 
-@app.api()
+@app.api(read_only=False)
 def add_contact(
     ctx: Context,
     first_name: Annotated[str, Arg("First name.")],
@@ -152,7 +152,7 @@ def add_contact(
     return {"message": "Contact added.", "contact_id": int(cursor.lastrowid or 0)}
 
 
-@app.api()
+@app.api(read_only=False)
 def update_contact(
     ctx: Context,
     contact_id: Annotated[int, Arg("The contact to update.")],
@@ -184,7 +184,7 @@ def update_contact(
     return {"message": "Contact updated."}
 
 
-@app.api()
+@app.api(read_only=False)
 def delete_contact(
     ctx: Context, contact_id: Annotated[int, Arg("The contact to delete.")]
 ) -> Message:
@@ -194,7 +194,7 @@ def delete_contact(
     return {"message": "Contact deleted."}
 
 
-@app.api()
+@app.api(read_only=True)
 def show_text_messages(
     ctx: Context,
     phone_number: Annotated[str | None, Arg("Only messages with this phone number.")] = None,
@@ -212,7 +212,7 @@ def show_text_messages(
     return ctx.page(f"{sql} ORDER BY m.sent_at DESC, m.id DESC", params, page_index, page_limit)
 
 
-@app.api()
+@app.api(read_only=False)
 def send_text_message(
     ctx: Context,
     phone_number: Annotated[str, Arg("The recipient's phone number.")],
@@ -229,7 +229,7 @@ def send_text_message(
     return {"message": "Text message sent.", "message_id": int(cursor.lastrowid or 0)}
 
 
-@app.api()
+@app.api(read_only=False)
 def delete_text_message(
     ctx: Context, message_id: Annotated[int, Arg("The message to delete.")]
 ) -> Message:

@@ -42,7 +42,7 @@ class PaymentCard(TypedDict):
     cvv: str
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_profile(ctx: Context) -> Profile:
     """Show the supervisor's profile: name, email, phone number and birthday."""
     return ctx.one(
@@ -52,7 +52,7 @@ def show_profile(ctx: Context) -> Profile:
     )
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_account_passwords(ctx: Context) -> list[AccountPassword]:
     """Show the supervisor's password for every app (account_name is the app's name)."""
     return ctx.rows(
@@ -61,7 +61,7 @@ def show_account_passwords(ctx: Context) -> list[AccountPassword]:
     )
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_addresses(ctx: Context) -> list[Address]:
     """Show the supervisor's saved addresses."""
     return ctx.rows(
@@ -71,7 +71,7 @@ def show_addresses(ctx: Context) -> list[Address]:
     )
 
 
-@app.api(login=False)
+@app.api(read_only=True, login=False)
 def show_payment_cards(ctx: Context) -> list[PaymentCard]:
     """Show the supervisor's payment cards."""
     return ctx.rows(
@@ -81,7 +81,7 @@ def show_payment_cards(ctx: Context) -> list[PaymentCard]:
     )
 
 
-@app.api(login=False)
+@app.api(read_only=False, login=False)
 def complete_task(
     ctx: Context,
     answer: Annotated[

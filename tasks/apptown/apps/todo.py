@@ -68,7 +68,7 @@ def _check_date(value: str | None) -> None:
         raise AppError(422, f"due_date must be YYYY-MM-DD, got {value!r}.") from None
 
 
-@app.api()
+@app.api(read_only=True)
 def show_lists(
     ctx: Context, page_index: PageIndex = 0, page_limit: PageLimit = 5
 ) -> list[TodoList]:
@@ -84,7 +84,7 @@ def show_lists(
     )
 
 
-@app.api()
+@app.api(read_only=False)
 def create_list(ctx: Context, name: Annotated[str, Arg("The list's name.")]) -> Created:
     """Create an empty to-do list."""
     if ctx.db.execute(
@@ -99,7 +99,7 @@ def create_list(ctx: Context, name: Annotated[str, Arg("The list's name.")]) -> 
     return {"message": "List created.", "id": int(cursor.lastrowid or 0)}
 
 
-@app.api()
+@app.api(read_only=True)
 def show_items(
     ctx: Context,
     list_id: Annotated[int, Arg("The list whose items to show.")],
@@ -117,7 +117,7 @@ def show_items(
     return as_bools(rows, "is_completed")
 
 
-@app.api()
+@app.api(read_only=False)
 def add_item(
     ctx: Context,
     list_id: Annotated[int, Arg("The list to add to.")],
@@ -139,7 +139,7 @@ def add_item(
     return {"message": "Item added.", "id": int(cursor.lastrowid or 0)}
 
 
-@app.api()
+@app.api(read_only=False)
 def update_item(
     ctx: Context,
     item_id: ItemId,
@@ -168,7 +168,7 @@ def update_item(
     return {"message": "Item updated."}
 
 
-@app.api()
+@app.api(read_only=False)
 def complete_item(ctx: Context, item_id: ItemId) -> Message:
     """Mark an item as completed."""
     if _own_item(ctx, item_id)["is_completed"]:
@@ -180,7 +180,7 @@ def complete_item(ctx: Context, item_id: ItemId) -> Message:
     return {"message": "Item completed."}
 
 
-@app.api()
+@app.api(read_only=False)
 def delete_item(ctx: Context, item_id: ItemId) -> Message:
     """Delete an item."""
     _own_item(ctx, item_id)
