@@ -11,13 +11,14 @@ Run: python -m pytest tests/loop/test_openai_generator.py -q   (fast; no model, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,6 +30,7 @@ PARAMS = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(EOS_I
 SAMPLED = [7, 8, 9, EOS_ID]  # what the stub "samples" when asked for ids
 SAMPLED_LOGPROBS = [-0.5, -1.25, -2.0, -0.125]
 SAMPLED_TEXT = "w7 w8 w9</s>"
+ServerT = TypeVar("ServerT", bound=ThreadingHTTPServer)
 
 
 class StubServer(ThreadingHTTPServer):
@@ -105,15 +107,23 @@ def chat_answer(model: str) -> dict[str, Any]:
     return {"id": "chat-1", "object": "chat.completion", "model": model, "choices": [choice]}
 
 
-@pytest.fixture
-def server() -> Iterator[StubServer]:
-    stub = StubServer()
+@contextlib.contextmanager
+def served(stub: ServerT) -> Iterator[ServerT]:
+    """`stub` answering on a thread while the block runs; shut down and closed after."""
     thread = threading.Thread(target=stub.serve_forever, args=(0.01,), daemon=True)
     thread.start()
-    yield stub
-    stub.shutdown()
-    stub.server_close()
-    thread.join()
+    try:
+        yield stub
+    finally:
+        stub.shutdown()
+        stub.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def server() -> Iterator[StubServer]:
+    with served(StubServer()) as stub:
+        yield stub
 
 
 def client(server: StubServer, model: str, **kwargs: Any) -> OpenAIGenerator:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,6 +24,7 @@ from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import worked_example
 from loop.rollout.trajectory import Trajectory
 from sandbox import KernelPool
+from tests.loop.test_openai_generator import served
 from tests.loop.test_reward_hacking import COMPLETE, TASK, assert_scored
 
 pytestmark = pytest.mark.slow
@@ -72,13 +72,8 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[ScriptedTextServer]:
-    stub = ScriptedTextServer()
-    thread = threading.Thread(target=stub.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    yield stub
-    stub.shutdown()
-    stub.server_close()
-    thread.join()
+    with served(ScriptedTextServer()) as stub:
+        yield stub
 
 
 @pytest.fixture(scope="module")
