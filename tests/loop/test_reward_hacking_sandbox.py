@@ -18,7 +18,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -44,18 +44,40 @@ def pool(sandbox_root: Path) -> Iterator[KernelPool]:
         yield kernel_pool
 
 
-class RssSampler:
+class Sampler:
+    """Calls `sample` every `period_s` on a thread while the `with` block runs."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class RssSampler(Sampler):
     """Samples this (host) process's resident memory; `peak_growth` over its value at start.
 
     ru_maxrss would miss growth that stays below an earlier peak (loading the tokenizer).
     """
 
     def __init__(self, period_s: float = 0.02) -> None:
-        self.period_s = period_s
+        super().__init__(period_s)
         self.before = self.rss()
         self.peak_growth = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
     def rss() -> int:
@@ -63,51 +85,32 @@ class RssSampler:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * resource.getpagesize()
 
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.peak_growth = max(self.peak_growth, self.rss() - self.before)
+    def sample(self) -> None:
+        self.peak_growth = max(self.peak_growth, self.rss() - self.before)
 
 
-class DiskSampler:
+class DiskSampler(Sampler):
     """Samples, on the host, the bytes and files under the sandbox root and the disk's use."""
 
     def __init__(self, root: Path, period_s: float = 0.05) -> None:
-        self.root, self.period_s = root, period_s
+        super().__init__(period_s)
+        self.root = root
         self.used_before = shutil.disk_usage(root).used
         self.peak_bytes = self.peak_files = self.peak_disk_growth = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> DiskSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            size = files = 0
-            for folder, _, names in os.walk(self.root):
-                for name in names:
-                    try:
-                        size += os.lstat(os.path.join(folder, name)).st_blocks * 512
-                    except OSError:
-                        continue  # deleted while we walked
-                    files += 1
-            growth = shutil.disk_usage(self.root).used - self.used_before
-            self.peak_bytes = max(self.peak_bytes, size)
-            self.peak_files = max(self.peak_files, files)
-            self.peak_disk_growth = max(self.peak_disk_growth, growth)
+    def sample(self) -> None:
+        size = files = 0
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                try:
+                    size += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                except OSError:
+                    continue  # deleted while we walked
+                files += 1
+        growth = shutil.disk_usage(self.root).used - self.used_before
+        self.peak_bytes = max(self.peak_bytes, size)
+        self.peak_files = max(self.peak_files, files)
+        self.peak_disk_growth = max(self.peak_disk_growth, growth)
 
 
 def test_output_around_the_kernel_cap_leaves_host_memory_flat(
