@@ -79,6 +79,7 @@ class OpenAIGenerator:
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.plain_completions = False  # set once the server has refused token-id prompts
         self._specials = _special_texts(tokenizer)
+        self._special_ids = frozenset(tokenizer.all_special_ids if tokenizer is not None else ())
         api_key = os.environ.get(api_key_env)
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
@@ -128,8 +129,7 @@ class OpenAIGenerator:
         plain = self._plain_body(prompt_token_ids, params)
         body = await self._post("/completions", plain)
         self.plain_completions = True  # the plain request worked where the token one did not
-        assert self.tokenizer is not None
-        own = sum(1 for t in prompt_token_ids if t in set(self.tokenizer.all_special_ids))
+        own = sum(1 for t in prompt_token_ids if t in self._special_ids)
         forged = max(0, self._special_count(plain["prompt"]) - own)
         return _marked(self._parse_completion(body, params, prompt_as="text"), forged)
 
