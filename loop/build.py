@@ -10,6 +10,7 @@ The `hf` backend loads the policy model (and samples with that very object); `vl
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +103,8 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
         generator: Generator = _hf_generator(config, policy)
         return generator, policy.tokenizer
     tokenizer = build_tokenizer(config)
-    if backend == "vllm":
-        generator = _vllm_generator(config, enable_lora=checkpoint is not None)
+    if backend in ("vllm", "vllm_server"):
+        generator = _engine_generator(config, enable_lora=checkpoint is not None)
         if checkpoint is not None:
             generator.load_adapter(checkpoint)
         return generator, tokenizer
@@ -173,10 +174,11 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
 
 
 def _training_generator(config: RunConfig, policy: Policy, lora: LoraSettings | None) -> Generator:
-    """hf or vllm (`loop.checks.check_run` refused openai before anything was built)."""
+    """hf, vllm or vllm_server (`loop.checks.check_run` refused openai before anything was
+    built)."""
     if config.generator.backend == "hf":
         return _hf_generator(config, policy)
-    return _vllm_generator(config, enable_lora=lora is not None)
+    return _engine_generator(config, enable_lora=lora is not None)
 
 
 def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
@@ -192,8 +194,11 @@ def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
     )
 
 
-def _vllm_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
-    """The in-process vLLM engine for the config's model (LoRA slots when adapters will come)."""
+def _engine_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
+    """A vLLM engine for the config's model, in-process (`vllm`) or as servers (`vllm_server`),
+    with LoRA slots when adapters will come."""
+    if config.generator.backend == "vllm_server":
+        return _vllm_server_generator(config, enable_lora=enable_lora)
     from loop.generators.vllm import VLLMGenerator
 
     return VLLMGenerator(
@@ -207,6 +212,65 @@ def _vllm_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
         tensor_parallel_size=config.generator.tensor_parallel_size,
         devices=config.generator.devices,
     )
+
+
+def _vllm_server_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
+    """`generator.servers` attached, or `generator.num_servers` started with their devices."""
+    from loop.generators.server_process import ServerProcess
+    from loop.generators.vllm_server import VLLMServerGenerator
+
+    settings = config.generator
+    base_model = settings.served_model or config.model.name
+    processes = []
+    if not settings.servers:
+        on_gpu = config.model.device != "cpu"
+        share = (
+            settings.tensor_parallel_size
+            if on_gpu
+            else len(settings.devices) // settings.num_servers
+        )
+        args = vllm_server_args(config, base_model, enable_lora=enable_lora)
+        for index in range(settings.num_servers):
+            port = settings.server_port + index if settings.server_port else 0
+            devices = settings.devices[index * share : (index + 1) * share]
+            log_path = config.run_dir / "servers" / f"server-{index}.log"
+            server = ServerProcess(
+                args, port=port, log_path=log_path, devices=devices, on_gpu=on_gpu,
+                name=f"vLLM server {index}",
+            )  # fmt: skip
+            processes.append(server)
+    return VLLMServerGenerator(
+        base_model=base_model, adapter_prefix=config.name, processes=processes,
+        urls=settings.servers, start_timeout_s=settings.server_start_timeout_s,
+    )  # fmt: skip
+
+
+def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -> list[str]:
+    """The started servers' arguments: the model and its length, token-exact log-probs of the
+    sampling distribution, prefix caching, LoRA slots for the current and the previous version."""
+    from loop.generators.vllm import stale_gguf_override
+
+    settings = config.generator
+    model = resolve_model(config.model.name)
+    args = [
+        "--model", model, "--served-model-name", base_model, "--dtype", config.model.dtype,
+        "--max-model-len", str(settings.max_model_len), "--seed", str(config.seed),
+        "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
+        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs",
+        "--max-logprobs", "1", "--generation-config", "vllm", "--uvicorn-log-level", "warning",
+        "--enable-prompt-tokens-details",  # cached prompt tokens in each answer's usage
+    ]  # fmt: skip
+    if config.model.device == "cpu":
+        args.append("--enforce-eager")  # no graphs to capture on CPU
+    if enable_lora:  # vLLM's ranks are powers of two from 8 (and 1)
+        rank = next(
+            r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= config.model.lora_rank
+        )
+        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
+    if overrides := stale_gguf_override(model).get("hf_overrides"):
+        args += ["--hf-overrides", json.dumps(overrides)]
+    return args + list(settings.server_args)
 
 
 def _set_torch_threads(config: RunConfig) -> None:

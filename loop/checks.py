@@ -13,16 +13,28 @@ from tasks import GoldSolutions, TaskSuite, suite_class
 
 
 def check_devices(config: RunConfig, world_size: int) -> None:
-    """The vLLM engine's GPUs (`generator.devices`): one per tensor-parallel rank, distinct, and
-    none of the learners' (a process per GPU 0..n-1 under a launcher)."""
-    devices = config.generator.devices
+    """The inference GPUs (`generator.devices`): tensor_parallel_size per engine (one engine for
+    `vllm`, `num_servers` for `vllm_server`), distinct, and none of the learners' (a process per
+    GPU 0..n-1 under a launcher). On CPU the servers' cores: distinct, at least one each."""
+    settings = config.generator
+    devices = settings.devices
     if not devices:
         return
-    tp = config.generator.tensor_parallel_size
-    if len(devices) != tp or len(set(devices)) != len(devices) or min(devices) < 0:
+    engines = settings.num_servers if settings.backend == "vllm_server" else 1
+    if len(set(devices)) != len(devices) or min(devices) < 0:
+        raise ConfigError(f"generator.devices {devices}: give distinct indices >= 0")
+    if settings.backend == "vllm_server" and config.model.device == "cpu":
+        if len(devices) < engines:
+            raise ConfigError(
+                f"generator.devices {devices}: at least one CPU core for each of the "
+                f"{engines} servers (generator.num_servers)"
+            )
+        return
+    tp = settings.tensor_parallel_size
+    if len(devices) != tp * engines:
         raise ConfigError(
-            f"generator.devices {devices}: give {tp} distinct GPU indices, one per "
-            f"generator.tensor_parallel_size"
+            f"generator.devices {devices}: give {tp * engines} GPU indices, "
+            f"generator.tensor_parallel_size ({tp}) for each of {engines} engine(s)"
         )
     shared = sorted(set(devices) & set(range(world_size))) if world_size > 1 else []
     if shared:
@@ -32,12 +44,34 @@ def check_devices(config: RunConfig, world_size: int) -> None:
         )
 
 
+def check_servers(config: RunConfig) -> None:
+    """`vllm_server`: servers to start or URLs to attach, never both; URLs that are URLs."""
+    settings = config.generator
+    if settings.num_servers < 1 or not 0 <= settings.server_port < 65536:
+        raise ConfigError(
+            f"generator.num_servers must be >= 1 and server_port in 0..65535, got "
+            f"{settings.num_servers}, {settings.server_port}"
+        )
+    if settings.server_start_timeout_s <= 0:
+        raise ConfigError("generator.server_start_timeout_s must be > 0")
+    for url in settings.servers:
+        if not url.startswith(("http://", "https://")) or not url.rstrip("/").endswith("/v1"):
+            raise ConfigError(f"generator.servers: {url!r} is not an http(s)://host:port/v1 URL")
+    if settings.servers and settings.devices:
+        raise ConfigError(
+            "generator.devices names the started servers' devices: attached generator.servers "
+            "run where they were started"
+        )
+
+
 def check_run(config: RunConfig, world_size: int) -> None:
     """What training with `world_size` learner processes needs: weights to train, the
     learner's and the sampler's distributions equal, minibatches that shard equally, and
     one process for the value head and the memory window (not sharded yet)."""
     if config.generator.backend == "openai":
-        raise ConfigError("generator.backend openai cannot train (no weights): use hf or vllm")
+        raise ConfigError(
+            "generator.backend openai cannot train (no weights): use hf, vllm or vllm_server"
+        )
     if config.agent.temperature <= 0 or config.agent.top_p != 1.0:
         raise ConfigError(
             "training samples at agent.temperature > 0 with agent.top_p = 1 (the learner's "
@@ -45,7 +79,9 @@ def check_run(config: RunConfig, world_size: int) -> None:
             f"{config.agent.top_p}"
         )
     if config.generator.backend == "hf" and world_size > 1:
-        raise ConfigError("several learner processes need generator.backend vllm, not hf")
+        raise ConfigError(
+            "several learner processes need generator.backend vllm_server (or vllm), not hf"
+        )
     check_devices(config, world_size)
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
@@ -108,6 +144,8 @@ def check_values(config: RunConfig) -> None:
         config.generator.base_url and config.generator.served_model
     ):
         raise ConfigError("generator.backend openai needs generator.base_url and served_model")
+    if config.generator.backend == "vllm_server":
+        check_servers(config)
     if config.agent.memory_turns is not None and config.agent.memory_turns < 1:
         raise ConfigError(f"agent.memory_turns: must be >= 1, got {config.agent.memory_turns}")
     if not config.agent.token_time_z >= 0:  # NaN too

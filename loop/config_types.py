@@ -79,10 +79,11 @@ class ModelConfig:
 class GeneratorConfig:
     """Which backend samples the rollouts."""
 
-    backend: Literal["hf", "vllm", "openai"] = doc(
+    backend: Literal["hf", "vllm", "vllm_server", "openai"] = doc(
         "hf",
         "hf (samples with the training model itself) | vllm (in-process engine, LoRA hot-swap) "
-        "| openai (an endpoint; evaluation only)",
+        "| vllm_server (vLLM OpenAI servers, versioned LoRA publication) | openai (an "
+        "endpoint; evaluation only)",
     )
     max_batch_size: int = doc(8, "hf: rows decoded together (continuous batching)")
     kv_reuse: bool = doc(True, "hf: reuse shared prompt prefixes and each rollout's previous turn")
@@ -93,12 +94,27 @@ class GeneratorConfig:
     tensor_parallel_size: int = doc(1, "vllm: GPUs one engine spans")
     devices: list[int] = doc_factory(
         list,
-        "vllm: the GPUs of the engine's processes (CUDA_VISIBLE_DEVICES for them; [] = those "
-        "the trainer sees); with several learner processes they must not be the learners' "
-        "GPUs 0..n-1",
+        "vllm, vllm_server: the GPUs of the engine's processes (CUDA_VISIBLE_DEVICES for them; "
+        "[] = those the trainer sees), tensor_parallel_size per server; with several learner "
+        "processes they must not be the learners' GPUs 0..n-1. On CPU (vllm_server): the "
+        "cores the servers' threads are bound to, split evenly between them",
+    )
+    num_servers: int = doc(1, "vllm_server: servers to start (when `servers` is empty)")
+    servers: list[str] = doc_factory(
+        list,
+        "vllm_server: URLs of running servers to use instead (http://host:port/v1, started "
+        "with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1; the run directory on a "
+        "filesystem they see)",
+    )
+    server_port: int = doc(0, "vllm_server: the first started server's port (0: free ports)")
+    server_start_timeout_s: float = doc(600.0, "vllm_server: a server's start-up, at most")
+    server_args: list[str] = doc_factory(
+        list, "vllm_server: more arguments for the started servers (e.g. --max-num-seqs 64)"
     )
     base_url: str | None = doc(None, "openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
-    served_model: str | None = doc(None, "openai: the model name the endpoint serves")
+    served_model: str | None = doc(
+        None, "openai, vllm_server: the model name the endpoint serves (vllm_server: the base)"
+    )
     openai_mode: Literal["completions", "chat"] = doc(
         "completions",
         "openai: the completions API on token ids (token in, token out) or the chat API",

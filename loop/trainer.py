@@ -117,6 +117,7 @@ from loop.warmstart import load_init_adapter, warm_start
 from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
+PUBLISHED_KEPT = 2  # adapter_sync/: the version the generator serves and the one before it
 
 
 def train(config: RunConfig, parts: TrainParts, *, show_progress: bool = True) -> dict[str, float]:
@@ -428,7 +429,8 @@ def learn(
 
 def sync_weights(parts: TrainParts, run: RunDir, iteration: int) -> None:
     """Hand the new weights to the generator (the hf generator already samples from them)."""
-    sync.publish_weights(parts.policy, parts.generator, run.adapter_sync(iteration + 1))
+    target = run.adapter_sync(iteration + 1)
+    sync.publish_weights(parts.policy, parts.generator, target, keep=PUBLISHED_KEPT)
 
 
 def throughput(

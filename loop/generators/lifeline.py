@@ -5,8 +5,9 @@ When this process exits normally the engine is closed; when it is killed (SIGKIL
 killer, a scheduler ending a job), nothing closes it, and its processes live on as orphans
 holding the model and the KV cache (a 10 GB worker, seen after a SIGKILLed torchrun run).
 `Lifeline` watches for that: a small watcher process that the kernel signals when this process
-dies (PR_SET_PDEATHSIG, Linux) and that then kills the given processes and everything under
-them. `release()` stands it down after a normal close.
+dies (PR_SET_PDEATHSIG, Linux; when made by the main thread) or that sees itself reparented
+(checked twice a second), and that then kills the given processes and everything under them.
+`release()` stands it down after a normal close.
 
     before = child_pids()
     engine = start_engine()
@@ -20,14 +21,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 WATCHER = r"""
 import ctypes, os, signal, sys, time
+POLL_S = 0.5
 from pathlib import Path
 
-roots = [int(p) for p in sys.argv[2:]]
+roots = [int(p) for p in sys.argv[3:]]
 
 def parents():
     found = {}
@@ -53,11 +56,11 @@ def end(*_):
     os._exit(0)
 
 signal.signal(signal.SIGTERM, end)
-ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):  # the watched process died before the request
-    end()
-while True:
-    time.sleep(3600)
+if sys.argv[2] == "1":  # started by the main thread: its death is the process's death
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+while os.getppid() == int(sys.argv[1]):  # reparented: the watched process has died
+    time.sleep(POLL_S)
+end()
 """
 
 
@@ -84,7 +87,11 @@ class Lifeline:
         self.roots = sorted(roots)
         self._watcher: subprocess.Popen[bytes] | None = None
         if self.roots and sys.platform.startswith("linux"):
-            args = [sys.executable, "-c", WATCHER, str(os.getpid()), *map(str, self.roots)]
+            # PR_SET_PDEATHSIG follows the creating thread, not the process: another thread
+            # (a restart in the background) ending must not end the server, so there the
+            # watcher only polls for its reparenting
+            main = "1" if threading.current_thread() is threading.main_thread() else "0"
+            args = [sys.executable, "-c", WATCHER, str(os.getpid()), main, *map(str, self.roots)]
             self._watcher = subprocess.Popen(args, stdin=subprocess.DEVNULL)
 
     def release(self) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,16 +96,23 @@ class OpenAIGenerator:
         params: SamplingParams,
         *,
         messages: list[dict[str, str]] | None = None,
+        model: str | None = None,
+        extra_fields: Mapping[str, Any] | None = None,
     ) -> Generation:
-        """One completion: of `prompt_token_ids` (completions mode) or `messages` (chat mode)."""
+        """One completion: of `prompt_token_ids` (completions mode) or `messages` (chat mode).
+
+        `model` overrides the served model's name for this request (a server's LoRA adapter
+        version); `extra_fields` go into the request body as they are (vLLM's `cache_salt`)."""
+        fields = {"model": model or self.model, **(extra_fields or {})}
         async with self._slots:
             if self.mode == "chat":
                 if messages is None:
                     raise GeneratorError("the openai generator in chat mode needs messages=")
-                body = await self._post("/chat/completions", self._chat_body(messages, params))
+                chat = self._chat_body(messages, params) | fields
+                body = await self._post("/chat/completions", chat)
                 forged = sum(self._special_count(m.get("content") or "") for m in messages)
                 return _marked(self._parse_chat(body, params), forged)
-            return await self._complete(prompt_token_ids, params)
+            return await self._complete(prompt_token_ids, params, fields)
 
     def load_adapter(self, path: Path | None) -> None:
         """Endpoints serve fixed models: only None (no adapter) is accepted."""
@@ -118,15 +126,18 @@ class OpenAIGenerator:
         """Close the HTTP client and its connections."""
         await self._client.aclose()
 
-    async def _complete(self, prompt_token_ids: list[int], params: SamplingParams) -> Generation:
+    async def _complete(
+        self, prompt_token_ids: list[int], params: SamplingParams, fields: dict[str, Any]
+    ) -> Generation:
         if not self.plain_completions:
             try:
-                body = await self._post("/completions", self._token_body(prompt_token_ids, params))
+                token_body = self._token_body(prompt_token_ids, params) | fields
+                body = await self._post("/completions", token_body)
                 return self._parse_completion(body, params, prompt_as="token_ids")
             except _BadRequestError as refused:
                 if self.tokenizer is None:
                     raise GeneratorError(str(refused)) from None
-        plain = self._plain_body(prompt_token_ids, params)
+        plain = self._plain_body(prompt_token_ids, params) | fields
         body = await self._post("/completions", plain)
         self.plain_completions = True  # the plain request worked where the token one did not
         own = sum(1 for t in prompt_token_ids if t in self._special_ids)
@@ -184,7 +195,13 @@ class OpenAIGenerator:
         logprobs = choice.get("logprobs") or {}
         server_ids = choice.get("token_ids") or _ids_from_tokens(logprobs.get("tokens"))
         values = logprobs.get("token_logprobs")
-        return self._generation(text, server_ids, values, choice, params, prompt_as=prompt_as)
+        generation = self._generation(text, server_ids, values, choice, params, prompt_as=prompt_as)
+        details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+        if isinstance(
+            details.get("cached_tokens"), int
+        ):  # vllm serve --enable-prompt-tokens-details
+            generation.metadata["num_cached_tokens"] = details["cached_tokens"]
+        return generation
 
     def _parse_chat(self, body: dict[str, Any], params: SamplingParams) -> Generation:
         choice = _first_choice(body)
@@ -234,7 +251,7 @@ class OpenAIGenerator:
             if response.status_code == 200:
                 return _json_object(response)
             message = f"{response.request.url} answered {response.status_code}: "
-            message += _server_message(response)
+            message += server_message(response)
             if response.status_code not in RETRY_STATUSES:
                 raise (_BadRequestError if response.status_code == 400 else GeneratorError)(message)
             if last_try:
@@ -301,7 +318,7 @@ def _json_object(response: httpx.Response) -> dict[str, Any]:
     return body
 
 
-def _server_message(response: httpx.Response) -> str:
+def server_message(response: httpx.Response) -> str:
     """The server's error message (OpenAI's `{"error": {"message": ...}}` or the raw body)."""
     try:
         body = response.json()

@@ -8,6 +8,7 @@ Both calls are collective: every learner process makes them, in the same order.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from loop.generators.base import Generator
@@ -15,14 +16,42 @@ from loop.model import distributed
 from loop.model.checkpoint import save_weights
 from loop.model.policy import Policy
 
+PARTIAL = ".partial"
 
-def publish_weights(policy: Policy, generator: Generator, target: Path) -> None:
+
+def publish_weights(
+    policy: Policy, generator: Generator, target: Path, *, keep: int | None = None
+) -> None:
     """Make `generator` sample from the policy's current weights (collective): saved to
-    `target` (shards gathered to rank 0) and loaded there, unless the generator shares them."""
+    `target` (shards gathered to rank 0), which appears whole or not at all (written beside it,
+    then renamed), and loaded there, unless the generator shares them. With `keep`, of the
+    directories published beside `target` (its parent holds nothing else) the newest stay."""
     if generator.shares_weights:
         return
-    save_weights(policy.model, target)
+    partial = target.with_name(target.name + PARTIAL)
+    if distributed.is_main():
+        shutil.rmtree(partial, ignore_errors=True)  # left by a killed run
+    save_weights(policy.model, partial)
+    if distributed.is_main():
+        shutil.rmtree(target, ignore_errors=True)  # a resumed run publishes its iteration again
+        partial.rename(target)
     serve_adapter(generator, target)
+    if keep is not None and distributed.is_main():
+        prune_published(target.parent, keep)
+
+
+def prune_published(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` published directories in `root` (by modification time);
+    the deleted ones. The generator has moved to the newest; an older version's requests are
+    over (a synchronous iteration), and a server reads an adapter only when loading it."""
+    published = sorted(
+        (p for p in root.iterdir() if p.is_dir() and not p.name.endswith(PARTIAL)),
+        key=lambda p: p.stat().st_mtime_ns,
+    )
+    doomed = published[: max(0, len(published) - keep)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 def serve_adapter(generator: Generator, adapter_dir: Path) -> None:

@@ -102,7 +102,7 @@ class VLLMGenerator:
             "generation_config": "vllm",  # no sampling defaults from generation_config.json
             "disable_log_stats": True,
         }
-        settings.update(_stale_gguf_override(model))
+        settings.update(stale_gguf_override(model))
         settings.update(engine_kwargs)
         try:
             before = child_pids()
@@ -220,7 +220,7 @@ def _to_generation(final: Any, params: SamplingParams) -> Generation:
     return Generation(token_ids, logprobs, finish_reason, metadata=metadata)
 
 
-def _stale_gguf_override(model: str) -> dict[str, Any]:
+def stale_gguf_override(model: str) -> dict[str, Any]:
     """Hide a GGUF `quantization_config` left in a converted model's config.json.
 
     A directory converted from GGUF (e.g. an early `smollm2-135m` cache) holds dequantised

@@ -48,13 +48,16 @@ def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
     assert config.agent.top_p == 0.5 and config.name == "x"
 
 
+SERVERS = "generator.backend=vllm_server"
+
+
 @pytest.mark.parametrize(
     ("text", "overrides", "message"),
     [
         ("agent:\n  max_turn: 3\n", [], "unknown config key agent.max_turn"),
         ("agent:\n  max_turns: ten\n", [], "agent.max_turns: expected int, got 'ten'"),
         ("agent:\n  max_turns: true\n", [], "agent.max_turns: expected int"),
-        ("generator:\n  backend: tgi\n", [], "generator.backend: expected one of hf, vllm, openai"),
+        ("generator:\n  backend: tgi\n", [], "expected one of hf, vllm, vllm_server, openai"),
         ("agent: 3\n", [], "agent: expected a mapping"),
         ("- a\n- b\n", [], "top level must be a mapping"),
         ("agent: [unclosed\n", [], "not valid YAML"),
@@ -66,6 +69,13 @@ def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
         ("", ["warm_start.source=gold", "model.lora_rank=0"], "warm_start needs a LoRA"),
         ("", ["warm_start.rft_temperatures=[]", "warm_start.source=rft"], "rft_temperatures"),
         ("", ["warm_start.epochs=0"], "warm_start.epochs: must be > 0"),
+        ("", [SERVERS, "generator.servers=[localhost:8000]"], "is not an http(s)://host:port/v1"),
+        ("", [SERVERS, "generator.num_servers=0"], "generator.num_servers must be >= 1"),
+        (
+            "",
+            [SERVERS, "generator.servers=[http://a:8000/v1]", "generator.devices=[4]"],
+            "attached generator.servers run where they were started",
+        ),
     ],
 )
 def test_bad_configs_are_one_line_errors(
@@ -176,8 +186,24 @@ def test_the_clis_print_the_config_docs(cli: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "world", "message"),
     [
-        (["generator.devices=[4,5]", "generator.tensor_parallel_size=4"], 4, "give 4 distinct"),
-        (["generator.devices=[3,3]", "generator.tensor_parallel_size=2"], 2, "give 2 distinct"),
+        (["generator.devices=[4,5]", "generator.tensor_parallel_size=4"], 4, "give 4 GPU"),
+        (["generator.devices=[3,3]", "generator.tensor_parallel_size=2"], 2, "give distinct"),
+        (
+            [
+                "generator.backend=vllm_server",
+                "generator.num_servers=2",
+                "generator.devices=[4,5,6]",
+                "generator.tensor_parallel_size=2",
+                "model.device=cuda",
+            ],
+            4,
+            "give 4 GPU indices, generator.tensor_parallel_size (2) for each of 2",
+        ),
+        (
+            ["generator.backend=vllm_server", "generator.num_servers=2", "generator.devices=[1]"],
+            2,
+            "at least one CPU core for each of the 2 servers",
+        ),
         (["generator.devices=[3,4,5,6]", "generator.tensor_parallel_size=4"], 4, "(GPU 3)"),
         (["train.collective_timeout_s=0"], 1, "must be > 0"),
     ],

@@ -1,0 +1,186 @@
+"""`loop.generators.vllm_server.VLLMServerGenerator` with a real vLLM CPU server (SmolLM2-135M).
+
+One server, started once for the module (about a minute here), with LoRA slots: versions
+published under their own names sample differently, the server's log-probs of a rollout equal
+peft's after publication, a version's prefix-cache blocks are never reused by another, a second
+client attaches by URL, a server killed mid-iteration costs only the requests it had in flight
+and comes back with the current adapter, and close() leaves no process. Routing between
+servers is worked by hand in test_routing.py; the whole trainer under torchrun with this backend
+in tests/test_train_torchrun.py.
+
+Run: python -m pytest tests/loop/test_vllm_server.py -q -s     (`slow`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+import torch
+
+from loop.generators.base import GeneratorError, SamplingParams
+from loop.generators.server_process import ServerProcess
+from tests.loop.conftest import chat_prompt_ids
+from tests.loop.test_vllm_generator import (  # noqa: F401  (module fixtures)
+    IM_END,
+    QUESTIONS,
+    greedy,
+    hf_model,
+    model_dir,
+    one_torch_thread,
+    recomputed_logprobs,
+    save_random_lora,
+    tokenizer,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+]
+ARGS = [
+    "--served-model-name", "base", "--dtype", "float32", "--max-model-len", "2048",
+    "--gpu-memory-utilization", "0.1",  # on CPU: the KV cache's share of host memory
+    "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
+    "--generation-config", "vllm", "--enforce-eager", "--seed", "0",
+    "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--enable-prompt-tokens-details",
+]  # fmt: skip
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def generator(model_dir: str, tmp_path_factory) -> AsyncIterator:  # noqa: F811
+    from loop.generators.vllm_server import VLLMServerGenerator
+
+    logs = tmp_path_factory.mktemp("servers")
+    process = ServerProcess(["--model", model_dir, *ARGS], log_path=logs / "server-0.log")
+    started = time.perf_counter()
+    served = VLLMServerGenerator(base_model="base", adapter_prefix="test", processes=[process])
+    print(f"\nvLLM server start-up: {time.perf_counter() - started:.1f} s")
+    yield served
+    pids = {process.pid}
+    await served.close()
+    assert process.pid is None and not any(_running(pid) for pid in pids if pid)
+
+
+def served_models(generator) -> set[str]:
+    body = httpx.get(generator.servers[0].url + "/models", timeout=30).json()
+    return {entry["id"] for entry in body["data"]}
+
+
+async def test_versions_sample_under_their_own_names_and_match_peft(
+    generator,
+    tokenizer,  # noqa: F811
+    hf_model,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    prompt = chat_prompt_ids(tokenizer, QUESTIONS[2])
+    base = await generator.generate(prompt, greedy())
+    assert base.metadata["adapter_version"] == "base" and base.finish_reason == "stop"
+    save_random_lora(hf_model, tmp_path / "iter-1", seed=0)
+    generator.load_adapter(tmp_path / "iter-1")
+    first = await generator.generate(prompt, greedy())
+    lora_model = save_random_lora(hf_model, tmp_path / "iter-2", seed=1)
+    generator.load_adapter(tmp_path / "iter-2")
+    second = await generator.generate(prompt, greedy())
+    assert first.metadata["adapter_version"] == "test-v1"
+    assert second.metadata["adapter_version"] == "test-v2"
+    assert len({tuple(base.token_ids), tuple(first.token_ids), tuple(second.token_ids)}) == 3
+    assert served_models(generator) == {"base", "test-v2"}  # v1 unloaded: no request used it
+    # the server samples from the published weights: its log-probs are peft's
+    sampled = [
+        await generator.generate(prompt, SamplingParams(32, temperature=1.0, seed=seed))
+        for seed in (1, 2)
+    ]
+    gaps = [
+        (torch.tensor(s.logprobs) - recomputed_logprobs(lora_model, prompt, s, 1.0)).abs().max()
+        for s in sampled
+    ]
+    print(f"\nserver+LoRA vs peft log-probs after publication: max |diff| = {max(gaps):.2e}")
+    assert max(gaps) < 1e-3, gaps
+
+
+async def test_a_bad_adapter_is_refused_in_one_line_and_the_servers_keep_serving(
+    generator,
+    tokenizer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    current = generator.current
+    with pytest.raises(GeneratorError, match="no vLLM server loaded") as caught:
+        generator.load_adapter(tmp_path / "missing")
+    assert "\n" not in str(caught.value) and "visible on the server" in str(caught.value)
+    assert generator.current == current and generator.restarts == 0
+    again = await generator.generate(chat_prompt_ids(tokenizer, QUESTIONS[0]), greedy(4))
+    assert again.metadata["adapter_version"] == current
+
+
+async def test_a_version_never_reuses_another_versions_cached_prefix(
+    generator,
+    tokenizer,  # noqa: F811
+) -> None:
+    """The same prompt under the same version hits the prefix cache; under a new version of
+    the same files (a new name and cache salt) nothing is reused, though the tokens match."""
+    prompt = chat_prompt_ids(tokenizer, QUESTIONS[3] * 60)  # several cache blocks long
+    await generator.generate(prompt, greedy(2))
+    warm = await generator.generate(prompt, greedy(2))
+    generator.load_adapter(generator.adapter_path)  # the same files: a new version and salt
+    fresh = await generator.generate(prompt, greedy(2))
+    assert fresh.metadata["adapter_version"] != warm.metadata["adapter_version"]
+    assert warm.metadata["num_cached_tokens"] >= len(prompt) // 2, warm.metadata
+    assert fresh.metadata["num_cached_tokens"] == 0, fresh.metadata
+
+
+async def test_a_client_attaches_by_url_and_leaves_the_server_running(
+    generator,
+    tokenizer,  # noqa: F811
+) -> None:
+    from loop.generators.vllm_server import VLLMServerGenerator
+
+    attached = VLLMServerGenerator(
+        base_model="base", adapter_prefix="other", urls=[generator.servers[0].url]
+    )
+    result = await attached.generate(chat_prompt_ids(tokenizer, QUESTIONS[1]), greedy(8))
+    assert result.token_ids and result.metadata["server"] == 0
+    await attached.close()
+    assert generator.servers[0].process.alive()
+    with pytest.raises(GeneratorError, match=r"no vLLM server answers at http://127\.0\.0\.1:9/v1"):
+        VLLMServerGenerator(base_model="base", adapter_prefix="x", urls=["http://127.0.0.1:9/v1"])
+
+
+async def test_a_server_killed_mid_iteration_costs_its_requests_and_comes_back(
+    generator,
+    tokenizer,  # noqa: F811
+) -> None:
+    version = generator.current
+    server = generator.servers[0]
+    old_pid = server.process.pid
+    long = SamplingParams(max_new_tokens=400, temperature=1.0)  # no stop id: runs to the limit
+    prompts = [chat_prompt_ids(tokenizer, q) for q in QUESTIONS]
+    in_flight = [asyncio.create_task(generator.generate(p, long)) for p in prompts]
+    await asyncio.sleep(2.0)
+    os.killpg(old_pid, signal.SIGKILL)  # the server and its engine core, as the OOM killer might
+    outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
+    assert all(isinstance(o, GeneratorError) for o in outcomes), outcomes
+    assert any("died during the request" in str(o) for o in outcomes), outcomes
+    started = time.perf_counter()
+    after = await generator.generate(prompts[0], greedy(8))  # waits for the restart
+    print(f"\nserver restart to first answer: {time.perf_counter() - started:.1f} s")
+    assert generator.restarts == 1 and server.process.pid != old_pid
+    assert after.metadata["adapter_version"] == version  # back with the current adapter
+    assert not _running(old_pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
