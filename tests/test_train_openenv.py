@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.test_train_cli import QUICKSTART, SHORT, run
@@ -54,9 +55,12 @@ def server() -> Iterator[str]:
         except httpx.HTTPError:
             time.sleep(0.2)
     yield url
+    kernels = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err[-2000:]
+    _, alive = psutil.wait_procs(kernels, timeout=30)
+    assert alive == []  # every sandbox destroyed on exit
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ messages and every sandbox is destroyed. A bad argument is a one-line error (exi
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from tasks.core import SuiteSetupError
@@ -49,6 +50,9 @@ def serve(args: argparse.Namespace) -> None:
     pool = None
     if suite.uses_sandbox:
         pool = KernelPool(size=args.pool_size, timeout_s=args.cell_timeout)
+    # uvicorn stops gracefully on SIGTERM, then raises it again under the handler it found:
+    # this one exits through the `finally` below, so the pool destroys every sandbox.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         app = build_app(suite, pool, split=args.split, max_sessions=args.max_sessions,
                         max_steps=args.max_steps)  # fmt: skip
