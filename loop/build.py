@@ -10,6 +10,7 @@ The `hf` backend loads the policy model (and samples with that very object); `vl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ def build_suite(config: RunConfig) -> TaskSuite:
         pool_size=config.sandbox.pool_size,
         timeout_s=config.sandbox.cell_timeout_s,
         max_output_chars=config.sandbox.max_output_chars,
+        options=dataclasses.asdict(config.openenv) if config.suite == "openenv" else {},
     )
     try:
         return suite_for_run(config.suite, settings)

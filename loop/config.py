@@ -26,6 +26,7 @@ from loop.config_types import (
     EvalConfig,
     GeneratorConfig,
     ModelConfig,
+    OpenEnvConfig,
     RunConfig,
     SandboxConfig,
     TrainConfig,
@@ -36,7 +37,8 @@ from loop.config_types import (
 
 __all__ = [
     "AgentConfig", "ConfigError", "CriticConfig", "EvalConfig", "GeneratorConfig",
-    "ModelConfig", "RunConfig", "SandboxConfig", "TrainConfig", "WarmStartConfig", "describe",
+    "ModelConfig", "OpenEnvConfig", "RunConfig", "SandboxConfig", "TrainConfig",
+    "WarmStartConfig", "describe",
     "load_config",
 ]  # fmt: skip
 

@@ -342,12 +342,31 @@ class WarmStartConfig:
 
 
 @dataclass
+class OpenEnvConfig:
+    """suite openenv: an OpenEnv environment server (tasks/openenv/)."""
+
+    url: str | None = doc(None, "the server, e.g. http://127.0.0.1:8000 (ws:// works too)")
+    env_name: str | None = doc(None, "its environment (None: the only one it lists)")
+    train_seeds: list[int] = doc_factory(
+        list, "tasks from seeds: split train resets with these (empty: the server's task list)"
+    )
+    eval_seeds: list[int] = doc_factory(list, "... and split dev with these")
+    code_field: str = doc("code", "the action field that carries the agent's cell")
+    observation_field: str = doc("text", "the observation field the agent sees (else all of it)")
+    submit_field: str | None = doc("submit", "the action field that ends an episode, if it has one")
+    success_reward: float = doc(1.0, "success = reward >= this, where the server does not say")
+    connect_timeout_s: float = doc(30.0, "opening a session, at most")
+    message_timeout_s: float = doc(300.0, "one reset or step, at most (a cell's time included)")
+    max_message_mb: float = doc(16.0, "the largest message taken from the server")
+
+
+@dataclass
 class RunConfig:
     """One run: what to train or evaluate, with what, where results go."""
 
     name: str = doc("run", "the run's name: results go to <output_dir>/<name>/")
     output_dir: str = doc("runs", "results go to <output_dir>/<name>/")
-    suite: str = doc("apptown", "the task suite (tasks/registry.py): apptown or appworld")
+    suite: str = doc("apptown", "the task suite (tasks/registry.py): apptown, appworld or openenv")
     seed: int = doc(0, "the seed every other seed derives from (loop/seeds.py)")
     model: ModelConfig = doc_factory(ModelConfig, "the policy LLM")
     generator: GeneratorConfig = doc_factory(GeneratorConfig, "which backend samples the rollouts")
@@ -363,6 +382,7 @@ class RunConfig:
         "the value head of train.advantage gae | verlog",
     )
     warm_start: WarmStartConfig = doc_factory(WarmStartConfig, "supervised fine-tuning before RL")
+    openenv: OpenEnvConfig = doc_factory(OpenEnvConfig, "suite openenv: the server and its wire")
 
     @property
     def run_dir(self) -> Path:

@@ -5,7 +5,15 @@
 through `apis.<app>.<api>(...)`, and every such call is recorded as an `ApiCall`.
 
 The reward and the evaluation report come from the same `TestReport` (STYLE.md habit 7):
-`reward` is the fraction of tests passed, `success` is whether all passed.
+`reward` is the fraction of tests passed, `success` is whether all passed. A suite whose reward
+is computed by someone else (an OpenEnv server's grader) reports it with `TestReport.external`:
+the given scalar reward and success, with any per-test detail it has; `loop/` reads `reward` and
+`success` the same way for both kinds.
+
+The leave-one-out baseline compares the K rollouts of a task, so they must start from the same
+state. After `reset`, an environment states a fingerprint of the state it started from
+(`Environment.start_fingerprint`, None where it cannot tell); collection checks that the
+rollouts of a task share it (loop/rollout/collect.py).
 
 What `train.reward: acted` needs is the suite's to say, from the state, never from API names:
 its grader marks the collateral test (`TestResult.collateral`, it passes for an agent that
@@ -18,6 +26,7 @@ behaviour metrics; no reward reads it.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -85,7 +94,11 @@ class TestResult:
 
 @dataclass(frozen=True)
 class TestReport:
-    """All tests of one task on one final state; the single source of reward and success."""
+    """All tests of one task on one final state; the single source of reward and success.
+
+    Our graders give tests and the reward follows from them. An external grader gives the
+    reward and success itself (`external`); its tests, if any, are detail for the record.
+    """
 
     __test__ = False
 
@@ -95,6 +108,29 @@ class TestReport:
     # change undone is none; logging in or answering changes no data); None where the suite
     # cannot tell. With the tests, what `reward: acted` reads (loop/algo/credit.py).
     state_changed: bool | None = None
+    external_reward: float | None = None  # a reward computed by someone else (see `external`)
+    external_success: bool | None = None  # ... and its success; both or neither
+
+    def __post_init__(self) -> None:
+        if (self.external_reward is None) != (self.external_success is None):
+            raise ValueError(
+                f"task {self.task_id}: an external reward and an external success come together"
+            )
+        if self.external_reward is not None and not math.isfinite(self.external_reward):
+            raise ValueError(f"task {self.task_id}: external reward {self.external_reward!r}")
+
+    @classmethod
+    def external(
+        cls, task_id: str, reward: float, success: bool, tests: tuple[TestResult, ...] = ()
+    ) -> TestReport:
+        """A report whose reward and success an external grader computed; `tests` is its
+        per-test detail where it gives some (none is fine)."""
+        return cls(task_id, tests, external_reward=float(reward), external_success=bool(success))
+
+    @property
+    def is_external(self) -> bool:
+        """The reward was computed by someone else, not from `tests`."""
+        return self.external_reward is not None
 
     @property
     def num_passed(self) -> int:
@@ -102,18 +138,24 @@ class TestReport:
 
     @property
     def reward(self) -> float:
-        """Fraction of tests passed, in [0, 1] (the training reward)."""
+        """Fraction of tests passed, in [0, 1] (the training reward); or the external reward."""
+        if self.external_reward is not None:
+            return self.external_reward
         assert self.tests, f"task {self.task_id} has no tests"
         return self.num_passed / len(self.tests)
 
     @property
     def success(self) -> bool:
-        """All tests passed (what TGC counts)."""
+        """All tests passed (what TGC counts); or the external success."""
+        if self.external_success is not None:
+            return self.external_success
         return self.num_passed == len(self.tests)
 
     def summary(self) -> str:
         """A readable multi-line report: one line per test, with the failure message."""
         lines = [f"{self.task_id}: {self.num_passed}/{len(self.tests)} tests passed"]
+        if self.is_external:
+            lines = [f"{self.task_id}: reward {self.reward:g} (external), success {self.success}"]
         for t in self.tests:
             mark = "PASS" if t.passed else "FAIL"
             lines.append(f"  [{mark}] {t.name}: {t.requirement}")
@@ -128,6 +170,7 @@ class TestReport:
             "reward": self.reward,
             "success": self.success,
             "state_changed": self.state_changed,
+            "external": self.is_external,
             "tests": [vars(t) for t in self.tests],
         }
 
@@ -217,9 +260,21 @@ class Environment(Protocol):
     task: Task
     api_calls: list[ApiCall]
     last_result: Any  # the sandbox's ExecutionResult of the latest step (None before one)
+    # After reset: a fingerprint of the state the episode started from (equal fingerprints:
+    # equal states); None where the environment cannot tell
+    start_fingerprint: str | None
 
     def reset(self) -> str:
         """Fork a fresh state and return the task context for the prompt."""
+        ...
+
+    async def areset(self) -> str:
+        """`reset` for asyncio rollouts (a remote environment resets over the network)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the episode holds outside the sandbox (a remote session); called once
+        the rollout is over, scored or not."""
         ...
 
     def step(self, code: str) -> str:

@@ -3,6 +3,8 @@
 - `apptown`: the built-in world (`seed`, `n_people`).
 - `appworld`: the real AppWorld benchmark (`root`, `venv`, `pool_size`, `timeout_s`, ...;
   see tasks/appworld/suite.py). Its data root defaults to $APPWORLD_ROOT.
+- `openenv`: an OpenEnv environment server (`url`, seeds or its task list; see
+  tasks/openenv/suite.py), from the run's `openenv` section.
 
 A training or evaluation run builds its suite with `suite_for_run(name, RunSettings(...))`: each
 suite's entry takes from the run's plain values what it uses (AppWorld's engine processes play
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core import TaskSuite
+from tasks.core import SuiteSetupError, TaskSuite
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class RunSettings:
     pool_size: int
     timeout_s: float
     max_output_chars: int
+    # The suite's own section of the config as plain values (`openenv`: url, seeds, fields)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def _apptown(**kwargs: Any) -> TaskSuite:
@@ -52,10 +56,35 @@ def _appworld_for_run(run: RunSettings) -> TaskSuite:
     )
 
 
-SUITES: dict[str, Callable[..., TaskSuite]] = {"apptown": _apptown, "appworld": _appworld}
+def _openenv(**kwargs: Any) -> TaskSuite:
+    return suite_class("openenv")(**kwargs)  # needs the openenv extra, checked there
+
+
+def _openenv_for_run(run: RunSettings) -> TaskSuite:
+    """The server at `openenv.url`, spoken to as the section says (tasks/openenv/env.py)."""
+    from tasks.openenv.env import WireSpec
+
+    options = dict(run.options)
+    url = options.pop("url", None)
+    if not url:
+        raise SuiteSetupError("suite openenv needs openenv.url (the server, e.g. http://host:8000)")
+    env_name = options.pop("env_name", None)
+    train_seeds, eval_seeds = options.pop("train_seeds", ()), options.pop("eval_seeds", ())
+    spec = WireSpec(url=url, **options)
+    return _openenv(
+        url=url, env_name=env_name, train_seeds=train_seeds, eval_seeds=eval_seeds, spec=spec
+    )
+
+
+SUITES: dict[str, Callable[..., TaskSuite]] = {
+    "apptown": _apptown,
+    "appworld": _appworld,
+    "openenv": _openenv,
+}
 FOR_RUN: dict[str, Callable[[RunSettings], TaskSuite]] = {
     "apptown": _apptown_for_run,
     "appworld": _appworld_for_run,
+    "openenv": _openenv_for_run,
 }
 
 
@@ -70,6 +99,10 @@ def suite_class(name: str) -> type[TaskSuite]:
         from tasks.appworld import AppWorldSuite
 
         return AppWorldSuite
+    if name == "openenv":
+        from tasks.openenv.suite import OpenEnvSuite
+
+        return OpenEnvSuite
     raise KeyError(f"unknown task suite {name!r}; known suites: {sorted(SUITES)}")
 
 

@@ -96,7 +96,7 @@ async def run_episode(
     traj = trajectory or Trajectory(task.id, task.scenario_id, task.difficulty, sample_index)
     start = time.monotonic()
     glue = ChatGlue.from_tokenizer(tokenizer)
-    traj.messages = build_messages(env.reset(), example)
+    traj.messages = build_messages(await env.areset(), example)
     traj.append(encode_prompt(tokenizer, traj.messages), output=False)
     traj.prompt_length = len(traj.tokens)
     traj.memory_turns = settings.memory_turns

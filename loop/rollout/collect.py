@@ -8,6 +8,11 @@ take down the other rollouts and never a silent reward of 0.0; what the agent's 
 is scored (the attribution rule in `loop/rollout/trajectory.py`). Once the episode ends the sandbox
 stops serving `apis`, so the state that is graded is the state the episode ended with.
 
+The rollouts of one task must start from the same state (else their leave-one-out baseline
+compares different problems): each records its environment's `start_fingerprint`, and a rollout
+whose fingerprint differs from that of the task's first finished rollout in this collection is
+an infrastructure failure (`start_state_mismatch`), so the survivors of a group share one start.
+
 A rollout that reaches `agent.rollout_timeout_s` is the agent's or ours by the time it was
 charged for (loop/rollout/attribution.py): its cells, and its emitted tokens at the backend's
 time per token, measured over every turn generated so far in this collection.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,6 +39,8 @@ from loop.rollout.attribution import (
 )
 from loop.rollout.trajectory import Trajectory
 from tasks import Environment, EnvironmentFailureError, Task, TaskSuite
+
+log = logging.getLogger(__name__)
 
 
 class SandboxPool(Protocol):
@@ -73,12 +81,14 @@ async def collect_rollouts(
     """
     slots = asyncio.Semaphore(max_concurrent)
     started: list[Trajectory] = []  # every rollout begun: their turns measure the backend
+    starts: dict[str, str] = {}  # task id -> the start fingerprint its first rollout reported
 
     async def run(job: RolloutJob) -> Trajectory:
         async with slots:
             traj = await _rollout(
                 job, suite, pool, generator, tokenizer, settings, example, started
             )
+        check_start_state(traj, starts)
         if on_done is not None:
             on_done(traj)
         return traj
@@ -101,6 +111,21 @@ async def collect_rollouts(
     return [finished[i] for i in sorted(finished)]
 
 
+def check_start_state(traj: Trajectory, starts: dict[str, str]) -> None:
+    """Mark `traj` `start_state_mismatch` when its start fingerprint differs from the first one
+    seen for its task (`starts`, updated); rollouts with no fingerprint are not compared."""
+    printed = traj.start_fingerprint
+    if printed is None:
+        return
+    reference = starts.setdefault(traj.task_id, printed)
+    if printed != reference and not traj.infra_failure:
+        traj.status, traj.reward, traj.success = "start_state_mismatch", None, None
+        traj.error = (
+            f"{traj.task_id}: started from state {printed[:12]}, the task's other rollouts from "
+            f"{reference[:12]}: the environment does not reset a task to one state"
+        )
+
+
 async def _rollout(
     job: RolloutJob,
     suite: TaskSuite,
@@ -115,6 +140,7 @@ async def _rollout(
     traj = Trajectory(task.id, task.scenario_id, task.difficulty, job.sample_index)
     started.append(traj)
     sandbox = None
+    env = None
     try:
         if suite.uses_sandbox:  # AppWorld runs the agent's code in its own engine
             sandbox = await pool.acquire_async()
@@ -138,6 +164,7 @@ async def _rollout(
                 token_time_charged(traj.turns, token_time),
             )
             traj.api_calls = [dataclasses.asdict(c) for c in env.api_calls]
+        traj.start_fingerprint = env.start_fingerprint
         if sandbox is not None:  # the episode is over: nothing the agent left running may act
             sandbox.set_handler(None)
         if not traj.infra_failure:
@@ -145,9 +172,21 @@ async def _rollout(
     except Exception as exc:  # a bug below us must not take the other rollouts down
         traj.status, traj.error = "env_error", f"{type(exc).__name__}: {exc}"
     finally:
+        if env is not None:
+            await _close(env, traj)
         if sandbox is not None:
             await pool.release_async(sandbox)
     return traj
+
+
+async def _close(env: Environment, traj: Trajectory) -> None:
+    """Release the episode's remote resources; a failure to is logged, never raised (the
+    rollout's score, if any, stands: grading came first)."""
+    try:
+        await asyncio.shield(env.aclose())  # a cancelled rollout still closes its session
+    except Exception as exc:
+        log.warning("%s: closing the environment failed: %s: %s", traj.task_id,
+                    type(exc).__name__, exc)  # fmt: skip
 
 
 async def _score(traj: Trajectory, env: Environment) -> None:

@@ -17,7 +17,9 @@ kernel, junk it leaves for the next kernel, arguments an API refuses, a rollout 
 time because its cells did (`timeout`). Only failures of our machinery are infrastructure
 statuses: the generator failing or being too slow (`generator_error`, `generation_timeout`), a
 sandbox that cannot be had or restarted (`sandbox_crash`), the environment's engine or grader
-failing (`env_crash`, `env_error`). Time is charged the same way: to the agent, its cells (as
+failing (`env_crash`, `env_error`), an environment that started the rollout from another state
+than the task's other rollouts (`start_state_mismatch`: a leave-one-out baseline over them
+would compare different problems). Time is charged the same way: to the agent, its cells (as
 the sandbox measured them) and the generation of the tokens it chose to emit; to us, the rest
 (loop/rollout/attribution.py). A grader made slow by the state the agent left fails a test of
 the report (tasks/apptown/env.py), so that too is scored.
@@ -51,10 +53,14 @@ RolloutStatus = Literal[
     "env_crash",  # the environment's engine process died or hung (e.g. AppWorld's)
     "generator_error",  # the generation backend failed
     "env_error",  # the environment or its grader failed
+    "start_state_mismatch",  # it started from another state than its task's other rollouts
 ]
 INFRA_STATUSES: frozenset[str] = frozenset(
-    {"generation_timeout", "sandbox_crash", "env_crash", "generator_error", "env_error"}
-)
+    {
+        "generation_timeout", "sandbox_crash", "env_crash", "generator_error", "env_error",
+        "start_state_mismatch",
+    }
+)  # fmt: skip
 
 
 @dataclass
@@ -102,6 +108,8 @@ class Trajectory:
     # tokenised as real special tokens (loop/generators/openai.py); 0 in token-id modes
     forged_special_tokens: int = 0
     memory_turns: int | None = None  # the prompts' memory window (None: the whole history)
+    # The environment's fingerprint of the state the rollout started from (None: unknown)
+    start_fingerprint: str | None = None
     duration_s: float = 0.0
     cell_time_s: float = 0.0  # time the agent's cells ran, as the sandbox measured it
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import sqlite3
 import threading
 import time
@@ -76,6 +77,7 @@ class AppTownEnv:
         self.grade = grade
         self.api_calls: list[ApiCall] = []
         self.last_result: Any = None  # the ExecutionResult of the latest step
+        self.start_fingerprint: str | None = None  # sha256 of the forked state, set by reset
         self._server: AppServer | None = None
         self._lock = threading.Lock()  # the bridge thread and evaluate never overlap on the db
 
@@ -83,13 +85,23 @@ class AppTownEnv:
         """Fork a fresh copy of the task's initial state, attach to the sandbox, return the
         task context (who the user is, today's date, the instruction)."""
         user = self.user
-        self._server = AppServer(self.initial_state.fork(), user.id, self.now)
+        db = self.initial_state.fork()
+        # Of the very copy this episode runs on (about 3 ms): equal for equal starts.
+        self.start_fingerprint = hashlib.sha256(db.serialize()).hexdigest()
+        self._server = AppServer(db, user.id, self.now)
         self.api_calls = []
         self.last_result = None
         self.sandbox.set_handler(self.handle)
         return task_context(
             self.now, user.name, user.email, user.phone_number, self.task.instruction
         )
+
+    async def areset(self) -> str:
+        """`reset` (a fork in memory: nothing to wait for)."""
+        return self.reset()
+
+    async def aclose(self) -> None:
+        """Nothing outside the sandbox to release (the pool destroys the kernel)."""
 
     @property
     def server(self) -> AppServer:

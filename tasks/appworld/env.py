@@ -68,6 +68,7 @@ class AppWorldEnv:
         self.max_output_chars = max_output_chars
         self.api_calls: list[ApiCall] = []
         self.last_result: Any = None  # a sandbox.ExecutionResult of the latest step
+        self.start_fingerprint: str | None = None  # the engine loads the task's own databases
         self._engine: EngineProcess | None = None
         self._pool: EnginePool | None = None  # the pool the engine came from
         self._finalizer: weakref.finalize | None = None
@@ -88,6 +89,15 @@ class AppWorldEnv:
         user = specs["supervisor"]
         name = f"{user['first_name']} {user['last_name']}"
         return task_context(now, name, user["email"], user["phone_number"], self.task.instruction)
+
+    async def areset(self) -> str:
+        """`reset` (it only reads the specs; the engine opens the task on the first step)."""
+        return self.reset()
+
+    async def aclose(self) -> None:
+        """`close` off the event loop: the engine goes back to the pool."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.io_threads, self.close)
 
     @property
     def done(self) -> bool:

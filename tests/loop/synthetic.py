@@ -68,9 +68,16 @@ class WordEnv:
     api_calls: list[Any] = field(default_factory=list)
     last_result: Any = None
     done: bool = False
+    start_fingerprint: str | None = None
 
     def reset(self) -> str:
         return self.task.instruction
+
+    async def areset(self) -> str:
+        return self.reset()
+
+    async def aclose(self) -> None:
+        return None
 
     def step(self, code: str) -> str:
         match = re.search(r'emit\("(.*)"\)', code, re.S)

@@ -1,0 +1,164 @@
+"""`OpenEnvEnv`: one rollout's episode in a remote OpenEnv environment, behind our contract.
+
+One WebSocket session per rollout (OpenEnv's `GenericEnvClient`): `areset` opens it and resets
+to the task (`task_id`, or `seed` for suites of seeds), `astep` sends one cell as the action's
+code field and returns the observation's text, `aevaluate` ends the episode (a `submit` step
+where the server takes one and the episode is still open) and returns the environment's reward
+as `TestReport.external`, with the per-test detail of the server's report where it sends one,
+and `aclose` ends the session. The reward is the server's report's when it sends one, else the
+sum of the rewards of the episode's steps.
+
+Whose failure: the agent's cell, its errors and time-outs, arrive as observations and are the
+agent's. Ours, and excluded: a session that cannot be opened or is lost, a message that times
+out, an error message from the server, an episode that ends with no reward at all; each raises
+`EnvironmentFailureError` with one line naming it (loop/ makes it `env_crash`). A cell longer
+than the server takes is the agent's: it is answered here, as an observation, never sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox import ExecutionResult
+from tasks.core import ApiCall, EnvironmentFailureError, Task, TestReport, TestResult
+
+
+@dataclass(frozen=True)
+class WireSpec:
+    """How to speak to one OpenEnv server (read from its schema by the suite)."""
+
+    url: str
+    code_field: str = "code"  # the action field that carries the cell
+    observation_field: str = "text"  # the observation field the agent sees (else all of it)
+    submit_field: str | None = "submit"  # a bool field that ends the episode; None: none
+    max_code_chars: int | None = None  # the schema's maxLength of the code field
+    success_reward: float = 1.0  # success = reward >= this, where the server does not say
+    connect_timeout_s: float = 30.0
+    message_timeout_s: float = 300.0  # a reset waits for a sandbox, a step for its cell
+    max_message_mb: float = 16.0
+
+
+@dataclass
+class OpenEnvEnv:
+    """reset -> step ... -> evaluate over one OpenEnv session (see the module docstring)."""
+
+    task: Task
+    spec: WireSpec
+    reset_args: dict[str, Any]  # {"task_id": ...} or {"seed": ...}
+    api_calls: list[ApiCall] = field(default_factory=list)
+    last_result: Any = None
+    start_fingerprint: str | None = None
+    done: bool = False
+    _client: Any = None
+    _rewards: list[float] = field(default_factory=list)
+    _report: dict[str, Any] | None = None
+
+    def reset(self) -> str:
+        raise RuntimeError(f"{self.task.id}: a remote episode resets with `await areset()`")
+
+    def step(self, code: str) -> str:
+        raise RuntimeError(f"{self.task.id}: a remote episode steps with `await astep(code)`")
+
+    def evaluate(self) -> TestReport:
+        raise RuntimeError(f"{self.task.id}: a remote episode is graded by `await aevaluate()`")
+
+    async def areset(self) -> str:
+        """Open the session and reset it to the task; the task context for the prompt."""
+        from openenv.core.generic_client import GenericEnvClient
+
+        await self.aclose()
+        self.api_calls, self.last_result, self.done = [], None, False
+        self._rewards, self._report = [], None
+        spec = self.spec
+        self._client = GenericEnvClient(
+            base_url=spec.url, connect_timeout_s=spec.connect_timeout_s,
+            message_timeout_s=spec.message_timeout_s, max_message_size_mb=spec.max_message_mb,
+        )  # fmt: skip
+        result = await self._call("reset", self._client.reset(**self.reset_args))
+        observation = result.observation
+        text = self._text(observation)
+        printed = observation.get("start_fingerprint")
+        self.start_fingerprint = printed or hashlib.sha256(text.encode()).hexdigest()
+        self._take(result)
+        return text
+
+    async def astep(self, code: str) -> str:
+        """Send one cell; the observation's text."""
+        limit = self.spec.max_code_chars
+        if limit is not None and len(code) > limit:  # the agent's: answered, never sent
+            text = f"Execution failed: the cell has {len(code)} characters; at most {limit}."
+            self.last_result = ExecutionResult(text, "CellTooLong", False, False, 0.0)
+            return text
+        if self.done:
+            raise EnvironmentFailureError(f"{self.task.id}: a step after the episode ended")
+        started = time.monotonic()
+        result = await self._call("step", self._client.step({self.spec.code_field: code}))
+        observation = result.observation
+        text = self._text(observation)
+        self.last_result = ExecutionResult(
+            text, observation.get("error"), bool(observation.get("timed_out", False)),
+            bool(observation.get("crashed", False)),
+            float(observation.get("duration_s", time.monotonic() - started)),
+        )  # fmt: skip
+        calls = observation.get("api_calls") or []
+        self.api_calls += [ApiCall(**call) for call in calls if isinstance(call, dict)]
+        self._take(result)
+        return text
+
+    async def aevaluate(self) -> TestReport:
+        """End the episode (submit, where it is open and the server takes it); the reward."""
+        if not self.done and self.spec.submit_field is not None and self._client is not None:
+            result = await self._call("submit", self._client.step({self.spec.submit_field: True}))
+            self._take(result)
+        report = self._report
+        if report is not None and "reward" in report:
+            reward = float(report["reward"])
+            success = bool(report.get("success", reward >= self.spec.success_reward))
+            tests = tuple(TestResult(**t) for t in report.get("tests", []))
+            return TestReport.external(self.task.id, reward, success, tests)
+        if not self._rewards:
+            raise EnvironmentFailureError(f"{self.task.id}: the environment gave no reward")
+        reward = sum(self._rewards)
+        return TestReport.external(self.task.id, reward, reward >= self.spec.success_reward)
+
+    async def aclose(self) -> None:
+        """End the session (the server gives its sandbox back)."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.close()
+            except Exception:  # the session is gone either way
+                return
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _call(self, what: str, request: Any) -> Any:
+        """Await a client call; our failures as one-line EnvironmentFailureError."""
+        try:
+            return await request
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise EnvironmentFailureError(
+                f"{self.task.id}: OpenEnv {what} failed: {type(exc).__name__}: {first}"
+            ) from exc
+
+    def _take(self, result: Any) -> None:
+        """Record a result's reward, end and report."""
+        if result.reward is not None:
+            self._rewards.append(float(result.reward))
+        self.done = self.done or bool(result.done)
+        report = result.observation.get("report")
+        if isinstance(report, dict):
+            self._report = report
+
+    def _text(self, observation: dict[str, Any]) -> str:
+        """What the agent sees: the observation field, else the whole observation as JSON."""
+        value = observation.get(self.spec.observation_field)
+        if isinstance(value, str):
+            return value
+        shown = {k: v for k, v in observation.items() if k not in ("metadata", "report")}
+        return json.dumps(shown, sort_keys=True, default=str)
