@@ -44,11 +44,12 @@ def run(config_path: Path, overrides: list[str]) -> int:
     from loop.model.distributed import launched_world_size
     from loop.trainer import train
 
+    main = os.environ.get("RANK", "0") == "0"  # progress and the summary: one per run
     try:
         config = load_config(config_path, overrides)
         check_run(config, launched_world_size())  # before anything is loaded
         with build_training(config) as parts:
-            metrics = train(config, parts)
+            metrics = train(config, parts, show_progress=main)
     except ConfigError as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
@@ -56,7 +57,7 @@ def run(config_path: Path, overrides: list[str]) -> int:
         print("train.py: interrupted; run the same command again to resume from the last "
               "checkpoint", file=sys.stderr)  # fmt: skip
         return 130
-    if os.environ.get("RANK", "0") == "0":  # one summary line per run, not per process
+    if main:
         reward = metrics.get("rollout/reward_mean", math.nan)
         print(f"done: {config.run_dir} (final reward {reward:.3f})")
     return 0

@@ -138,6 +138,8 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"sandbox.pool_size: must be >= 0, got {config.sandbox.pool_size}")
     if config.eval.limit is not None and config.eval.limit <= 0:
         raise ConfigError(f"eval.limit: must be > 0, got {config.eval.limit}")
+    if config.warm_start.limit is not None and config.warm_start.limit <= 0:
+        raise ConfigError(f"warm_start.limit: must be > 0, got {config.warm_start.limit}")
     if config.agent.temperature < 0 or not 0 < config.agent.top_p <= 1:
         raise ConfigError("agent.temperature must be >= 0 and agent.top_p in (0, 1]")
     if config.generator.backend == "openai" and not (

@@ -323,6 +323,7 @@ class WarmStartConfig:
     )
     split: str = doc("train", "tasks of the gold demonstrations and of RFT")
     max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty")
+    limit: int | None = doc(None, "the first N of those tasks only (None: all)")
     style: Literal["episode", "paper"] = doc(
         "episode",
         'paper: "Execution successful." observations',

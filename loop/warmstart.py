@@ -54,7 +54,7 @@ from loop.generators.scripted import Message
 from loop.learner.batch import Sample, make_sample
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
-from loop.model import checkpoint
+from loop.model import checkpoint, distributed
 from loop.model.aliases import default_cache_dir
 from loop.model.policy import Policy
 from loop.parts import TrainParts
@@ -77,16 +77,19 @@ async def warm_start(
     key = cache_key(config, None) if warm.source == "rft" else None
     cached = _cached(key) if key and warm.cache else None
     demos: list[Trajectory] = []
-    if cached is None:
+    if distributed.broadcast_object(cached) is None:  # rank 0's look at the cache decides
         demos = await demonstrations(config, parts, show_progress)
         key = key or cache_key(config, demos)
         cached = _cached(key) if warm.cache else None
+    cached = distributed.broadcast_object(cached)
     if cached is not None:
         checkpoint.load_weights(parts.policy.model, cached)
-        _publish(cached / ADAPTER, out.adapter)
+        if distributed.is_main():
+            _publish(cached / ADAPTER, out.adapter)
         sync.serve_adapter(parts.generator, out.adapter)
         info = json.loads((cached / INFO).read_text())
-        print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
+        if distributed.is_main():
+            print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
         metrics = {f"warm_start/{k}": v for k, v in info["metrics"].items()}
         return metrics | {"warm_start/cached": 1.0, "time/warm_start_s": time.monotonic() - started}
     assert key is not None
@@ -98,17 +101,18 @@ async def warm_start(
         f"{metrics['loss_first_epoch']:.3f} -> {metrics['loss_last_epoch']:.3f}, "
         f"epoch {int(metrics['selected_epoch'])} kept"
     )
-    if warm.cache:
+    if warm.cache and distributed.is_main():
         _store(
             key,
             out.adapter,
             {"summary": summary, "metrics": metrics, "config": _settings(config)},
         )
     elapsed = time.monotonic() - started
-    print(
-        f"warm start: {summary}, {elapsed / 60:.1f} min; adapter in {out.adapter}",
-        file=sys.stderr,
-    )
+    if distributed.is_main():
+        print(
+            f"warm start: {summary}, {elapsed / 60:.1f} min; adapter in {out.adapter}",
+            file=sys.stderr,
+        )
     return {f"warm_start/{k}": v for k, v in metrics.items()} | {
         "warm_start/cached": 0.0,
         "time/warm_start_s": elapsed,
@@ -118,7 +122,25 @@ async def warm_start(
 async def demonstrations(
     config: RunConfig, parts: TrainParts, show_progress: bool
 ) -> list[Trajectory]:
-    """The configured demonstrations, each a graded trajectory that reached `min_reward`."""
+    """The configured demonstrations, each a graded trajectory that reached `min_reward`.
+
+    Rank 0 alone plays them (it holds the sandboxes and the generator) and hands them, or the
+    one-line error that stopped it, to every learner process."""
+    found: list[Trajectory] | str = []
+    if distributed.is_main():
+        try:
+            found = await _demonstrations(config, parts, show_progress)
+        except ConfigError as exc:
+            found = str(exc)
+    found = distributed.wait_for_main(found)
+    if isinstance(found, str):
+        raise ConfigError(found)
+    return found
+
+
+async def _demonstrations(
+    config: RunConfig, parts: TrainParts, show_progress: bool
+) -> list[Trajectory]:
     warm = config.warm_start
     example = prompt_example(parts.suite, config.agent.worked_example)
     concurrency = config.train.max_concurrent_rollouts
@@ -226,12 +248,15 @@ async def fine_tune(
         history["loss"].append(stats.metrics()["loss/policy"])
         if warm.select == "dev":
             sync.publish_weights(parts.policy, parts.generator, out.adapter_sync)
-            scores = await run_evaluation(
-                config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-                tokenizer=parts.tokenizer, out_dir=out.eval_dir(epoch + 1),
-                show_progress=show_progress,
-            )  # fmt: skip
-            history["dev_tgc"].append(scores["eval/tgc"])
+            tgc = None
+            if distributed.is_main():  # rank 0 holds the generator and the sandboxes
+                scores = await run_evaluation(
+                    config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                    tokenizer=parts.tokenizer, out_dir=out.eval_dir(epoch + 1),
+                    show_progress=show_progress,
+                )  # fmt: skip
+                tgc = scores["eval/tgc"]
+            history["dev_tgc"].append(distributed.wait_for_main(tgc))
         state = {"learner": learner.state_dict(), "history": history}
         checkpoint.save_checkpoint(root, epoch + 1, parts.policy.model, state, keep=warm.epochs)
         if show_progress:
@@ -301,7 +326,7 @@ def _tasks(config: RunConfig, parts: TrainParts) -> list[Any]:
     if not tasks:
         raise ConfigError(f"warm_start.split {warm.split!r} has no task of difficulty <= "
                           f"{warm.max_difficulty}")  # fmt: skip
-    return tasks
+    return tasks[: warm.limit]
 
 
 def _sample(demo: Trajectory, max_seq_len: int) -> Sample:
