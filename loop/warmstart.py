@@ -306,6 +306,8 @@ def _settings(config: RunConfig) -> dict[str, Any]:
         model.pop(irrelevant)
     warm = dataclasses.asdict(config.warm_start)
     warm.pop("cache")
+    if warm["limit"] is None:  # keys from before the option existed stay valid
+        warm.pop("limit")
     return {
         "model": model, "warm_start": warm, "agent": dataclasses.asdict(config.agent),
         "suite": config.suite, "seed": config.seed,
