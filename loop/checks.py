@@ -207,10 +207,25 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
         raise ConfigError(
             f"train.no_signal_draw_prob: must be in (0, 1], got {train.no_signal_draw_prob}"
         )
+    _check_correction(train)
     if train.loss == "cross_entropy" and train.advantage != "filter":
         raise ConfigError(
             "train.loss cross_entropy trains on the rollouts that advantage filter keeps: "
             f"set train.advantage=filter (got {train.advantage})"
+        )
+
+
+def _check_correction(train: TrainConfig) -> None:
+    """The decoupled loss's cap and band; the weights are per token, in the clipped loss."""
+    if not train.is_cap >= 1:  # NaN too; below 1 even a matching sampler's tokens lose weight
+        raise ConfigError(f"train.is_cap: must be >= 1, got {train.is_cap}")
+    band = train.is_band
+    if len(band) != 2 or not 0 <= band[0] <= 1 <= band[1] or band[0] == band[1]:
+        raise ConfigError(f"train.is_band: [low, high] with 0 <= low <= 1 <= high, got {band}")
+    if train.is_correction != "none" and (train.loss, train.ratio_level) != ("ppo", "token"):
+        raise ConfigError(
+            f"train.is_correction {train.is_correction} weighs tokens of the clipped loss: it "
+            f"needs train.loss ppo and ratio_level token, got {train.loss}, {train.ratio_level}"
         )
 
 

@@ -226,6 +226,18 @@ class TrainConfig:
         "reciprocal",
         "[1/(1+eps), 1+eps] or 1-eps",
     )
+    is_correction: Literal["none", "truncate", "mask"] = doc(
+        "none",
+        "the sampler-mismatch correction of the decoupled loss (loop/algo/correction.py): each "
+        "token's clipped objective times w = pi_prox/mu | none (w = 1, the paper) | truncate "
+        "(min(w, is_cap): verl's and SkyRL's token TIS; AReaL's decoupled PPO) | mask (w "
+        "outside is_band drops the token: IcePop); for asynchronous or mismatched samplers",
+    )
+    is_cap: float = doc(2.0, "is_correction truncate: the cap C on w (verl's and SkyRL's TIS: 2)")
+    is_band: list[float] = doc_factory(
+        lambda: [0.5, 2.0],
+        "is_correction mask: tokens with w outside [low, high] get no gradient (IcePop: 0.5, 2)",
+    )
     epochs: int = doc(2, "passes over the kept rollouts per iteration")
     minibatch_size: int = doc(32, "rollouts per optimizer step (the loss is divided by this)")
     micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")

@@ -15,6 +15,9 @@ summarised in loop_spec.md 2.7-2.8):
   the band [1-eps, 1+eps] of [P] Eq. 4/5.
 - `level="token"`: per-token ratios r_t, loss = -(1/|a(x)|) sum_t o_t, the mean over the
   sequence's output tokens with all turns pooled ([P] Eq. 10; [C] `pg_per_token`).
+- Behaviour weights (token level, optional): loss = -(1/|a(x)|) sum_t w_t o_t with
+  w_t = stopgrad(min(pi_prox/mu, C)) or IcePop's band mask, AReaL's decoupled PPO for rollouts
+  sampled by another distribution mu than pi_prox (loop/algo/correction.py).
 - `level="trajectory"`: one ratio exp(sum_t log r_t), loss = -o with no token mean ([P] Eq. 4/9;
   [C] the per-trajectory "bandit" loss).
 - `level="turn"`: one ratio per turn, exp(sum of the turn's log r_t), loss = -(mean over the
@@ -119,6 +122,7 @@ def clipped_surrogate_loss(
     level: Level = "token",
     turn_ids: Tensor | None = None,
     max_log_ratio: float | None = MAX_LOG_RATIO,
+    weights: Tensor | None = None,
 ) -> PolicyLoss:
     """The PPO clipped surrogate, per sequence, with per-token, per-turn or per-trajectory ratios.
 
@@ -128,6 +132,10 @@ def clipped_surrogate_loss(
         the mean over its output tokens (both equal the broadcast value in the intended use).
     mask: (B, T) bool, is_output.
     turn_ids: (B, T) int64, the turn index of each output token (-1 elsewhere); level "turn".
+    weights: (B, T), no grad, level "token" only: the behaviour weights w_t of the decoupled
+        loss (loop/algo/correction.py); loss = -mean_t w_t o_t, the mean still over all output
+        tokens (a masked token, w = 0, counts in the denominator). None: no weighting, today's
+        loss to the last bit.
 
     Units and reduction, with o = min(r A, g(A)):
     - token: r_t = exp(log p - log p_old) per output token; loss = -mean_t o_t.
@@ -165,6 +173,11 @@ def clipped_surrogate_loss(
         raise ValueError(f"level must be 'token', 'turn' or 'trajectory', got {level!r}")
 
     objective, clipped = clipped_objective(ratio, unit_adv, clip_eps=clip_eps, lower=lower)
+    if weights is not None:
+        if level != "token" or weights.shape != mask.shape:
+            raise ValueError(f"weights are (B, T) at level 'token', got {tuple(weights.shape)} "
+                             f"at level {level!r}")  # fmt: skip
+        objective = objective * torch.where(mask, weights.detach(), 0.0).to(objective.dtype)
     n_units = unit_mask.sum(dim=1).clamp(min=1).to(logprobs.dtype)
     loss = -torch.where(unit_mask, objective, 0.0).sum(dim=1) / n_units
     clip_frac = (clipped & unit_mask).sum(dim=1).to(logprobs.dtype) / n_units

@@ -34,6 +34,9 @@ class LearnerSettings:
     logprob_chunk_size: int = 1024  # positions per LM-head chunk
     kl_coef: float = 0.0  # GRPO's k3 KL to the reference in the loss (LoRA only)
     reference_logprobs: bool = False  # record log pi_ref in the recompute (a KL in the reward)
+    is_correction: Literal["none", "truncate", "mask"] = "none"  # w = 1: the paper's loss
+    is_cap: float = 2.0  # truncate: verl's and SkyRL's token TIS cap C
+    is_band: tuple[float, float] = (0.5, 2.0)  # mask: IcePop's band
 
     @classmethod
     def for_rl(cls, config: RunConfig) -> LearnerSettings:
@@ -48,6 +51,8 @@ class LearnerSettings:
             logprob_chunk_size=cfg.logprob_chunk_size,
             kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0,
             reference_logprobs=cfg.kl_in == "reward" and cfg.kl_coef > 0,
+            is_correction=cfg.is_correction, is_cap=cfg.is_cap,
+            is_band=(cfg.is_band[0], cfg.is_band[1]),
         )  # fmt: skip
 
     @classmethod

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from loop.algo.correction import Correction, WeightStats, behaviour_weights
 from loop.algo.losses import PolicyLoss, ValueLoss
 from loop.learner.batch import Sample
 
@@ -46,6 +47,7 @@ class LearnStats:
     kl_ref: list[float] = field(default_factory=list)
     value_coef: float | None = None
     actor_frozen: bool = False
+    importance: dict[str, float] = field(default_factory=dict)  # is/*: behaviour weights
 
     def metrics(self) -> dict[str, float]:
         """Namespaced scalars for the run log."""
@@ -68,7 +70,7 @@ class LearnStats:
         } | self._optional_metrics(avg)
 
     def _optional_metrics(self, avg: Callable[[list[float]], float]) -> dict[str, float]:
-        """The critic's and the reference KL's metrics, only when those terms are on."""
+        """The critic's and the reference KL's metrics when those terms are on; `is/*`."""
         out: dict[str, float] = {}
         if self.value_coef is not None:
             out |= {
@@ -80,7 +82,7 @@ class LearnStats:
             }
         if self.kl_ref:
             out["loss/kl_ref"] = avg(self.kl_ref)
-        return out
+        return out | self.importance
 
 
 def parity_stats(samples: Sequence[Sample]) -> dict[str, float]:
@@ -122,3 +124,42 @@ def record_extras(losses: Losses, stats: LearnStats) -> None:
         stats.value_clip_fractions.append(float(losses.value.clipped.mean()))
     if losses.kl_ref is not None:
         stats.kl_ref.append(float(losses.kl_ref.detach().mean()))
+
+
+def token_weights(
+    samples: Sequence[Sample], *, correction: Correction, cap: float, band: tuple[float, float]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every output token's raw and applied behaviour weight and its corrected and unknown
+    flags, flat over `samples` (old log-probs set): the inputs of `weight_stats`."""
+    parts: list[tuple[Tensor, ...]] = [(torch.empty(0), torch.empty(0),
+                                       torch.empty(0, dtype=torch.bool),
+                                       torch.empty(0, dtype=torch.bool))]  # fmt: skip
+    for sample in samples:
+        assert sample.old_logprobs is not None
+        mask = sample.is_output
+        out = behaviour_weights(
+            sample.old_logprobs[None], sample.sampler_logprobs[None], mask[None],
+            correction=correction, cap=cap, band=band,
+        )  # fmt: skip
+        parts.append(tuple(x[0][mask] for x in out))
+    ratio, weights, corrected, unknown = (torch.cat(column) for column in zip(*parts, strict=True))
+    return ratio, weights, corrected, unknown
+
+
+def importance_metrics(stats: WeightStats, correction: Correction) -> dict[str, float]:
+    """`is/*` metrics of one learn call: the raw weight pi_prox/mu (w_*), the applied weights'
+    effective sample size, the mu-pi_prox mismatch, and the share the correction changed."""
+    out = {
+        "is/tokens": stats.tokens,
+        "is/unknown_tokens": stats.unknown,
+        "is/w_mean": stats.w_mean,
+        "is/w_max": stats.w_max,
+        "is/w_p99": stats.w_p99,
+        "is/ess": stats.ess,
+        "is/mismatch_k3": stats.mismatch_k3,
+    }
+    if correction == "truncate":
+        out["is/truncated_frac"] = stats.corrected_frac
+    elif correction == "mask":
+        out["is/masked_frac"] = stats.corrected_frac
+    return out

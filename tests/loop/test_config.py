@@ -69,6 +69,15 @@ SERVERS = "generator.backend=vllm_server"
         ("", ["warm_start.source=gold", "model.lora_rank=0"], "warm_start needs a LoRA"),
         ("", ["warm_start.rft_temperatures=[]", "warm_start.source=rft"], "rft_temperatures"),
         ("", ["warm_start.epochs=0"], "warm_start.epochs: must be > 0"),
+        ("", ["train.is_correction=clip"], "expected one of none, truncate, mask"),
+        ("", ["train.is_cap=0.5"], "train.is_cap: must be >= 1, got 0.5"),
+        ("", ["train.is_band=[1.5,2]"], "train.is_band: [low, high] with 0 <= low <= 1 <= high"),
+        ("", ["train.is_band=[0.5]"], "train.is_band: [low, high]"),
+        (
+            "",
+            ["train.is_correction=mask", "train.ratio_level=trajectory"],
+            "needs train.loss ppo and ratio_level token, got ppo, trajectory",
+        ),
         ("", [SERVERS, "generator.servers=[localhost:8000]"], "is not an http(s)://host:port/v1"),
         ("", [SERVERS, "generator.num_servers=0"], "generator.num_servers must be >= 1"),
         (
