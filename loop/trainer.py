@@ -29,7 +29,10 @@ its reference code (apple/ml-loop, [C]):
   several processes the kept count is rounded up to a multiple of the world size with the next
   largest |A| ([C]).
 - Old log-probs: recomputed by the learner in eval mode and used in the ratio; the sampler's
-  are kept only for the parity statistics `recompute/*` ([P] App. D, [C]).
+  are kept for the parity statistics `recompute/*` ([P] App. D, [C]) and the `is/*` weights.
+  `is_correction: truncate | mask` (our addition, off by default) weighs each token's objective
+  by w = min(pi_old/pi_sampler, is_cap) or drops tokens with w outside `is_band` (AReaL's
+  decoupled PPO, verl's token TIS, IcePop), for samplers that drift from the learner.
 - Loss: per-token clipped surrogate, the mean over a rollout's output tokens, summed over the
   minibatch and divided by `minibatch_size` ([P] Eq. 10, [C] `pg_per_token`). Clip band
   [1/(1+eps), 1+eps] with eps 0.1 as in [C]; `clip_lower: symmetric` gives [P]'s [1-eps, 1+eps].

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loop.algo.correction import behaviour_weights, weight_stats
+from loop.algo.correction import behaviour_weights
 from loop.algo.losses import (
     PolicyLoss,
     ValueLoss,
@@ -61,14 +61,7 @@ from loop.learner.batch import Batch, Sample, collate
 from loop.learner.critic import Critic, first_token_weights
 from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
 from loop.learner.settings import LearnerSettings
-from loop.learner.stats import (
-    LearnStats,
-    Losses,
-    importance_metrics,
-    parity_stats,
-    record_extras,
-    token_weights,
-)
+from loop.learner.stats import LearnStats, Losses, importance_stats, parity_stats, record_extras
 from loop.model import distributed
 from loop.model.policy import Policy
 
@@ -151,7 +144,7 @@ class Learner:
         if self.settings.loss == "ppo" and any(s.old_logprobs is None for s in samples):
             raise ValueError("learn() needs old log-probs: call recompute_old_logprobs first")
         if all(s.old_logprobs is not None for s in samples):  # not demonstrations
-            stats.importance = self._importance(samples)
+            stats.importance = importance_stats(samples, self.settings)  # every process's
         self.model.train()
         rng = random.Random(seed)
         order = list(range(len(samples)))
@@ -169,14 +162,6 @@ class Learner:
                     return stats
         self.step_schedule()
         return stats
-
-    def _importance(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """The `is/*` metrics of the behaviour weights pi_prox/mu over every process's tokens
-        (fixed for the iteration: neither depends on the weights being trained)."""
-        s = self.settings
-        local = token_weights(samples, correction=s.is_correction, cap=s.is_cap, band=s.is_band)
-        ratio, weights, corrected, unknown = (distributed.all_gather_cat(t) for t in local)
-        return importance_metrics(weight_stats(ratio, weights, corrected, unknown), s.is_correction)
 
     def local_minibatch_size(self, minibatch_size: int | None = None) -> int:
         """This process's share of a minibatch (the rollouts are sharded equally)."""

@@ -13,9 +13,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from loop.algo.correction import Correction, WeightStats, behaviour_weights
+from loop.algo.correction import Correction, WeightStats, behaviour_weights, weight_stats
 from loop.algo.losses import PolicyLoss, ValueLoss
 from loop.learner.batch import Sample
+from loop.learner.settings import LearnerSettings
+from loop.model import distributed
 
 
 class Losses(NamedTuple):
@@ -144,6 +146,15 @@ def token_weights(
         parts.append(tuple(x[0][mask] for x in out))
     ratio, weights, corrected, unknown = (torch.cat(column) for column in zip(*parts, strict=True))
     return ratio, weights, corrected, unknown
+
+
+def importance_stats(samples: Sequence[Sample], settings: LearnerSettings) -> dict[str, float]:
+    """The `is/*` metrics of the behaviour weights pi_prox/mu over every process's output
+    tokens (collective; fixed for the iteration: neither depends on the weights trained)."""
+    s = settings
+    local = token_weights(samples, correction=s.is_correction, cap=s.is_cap, band=s.is_band)
+    ratio, weights, corrected, unknown = (distributed.all_gather_cat(t) for t in local)
+    return importance_metrics(weight_stats(ratio, weights, corrected, unknown), s.is_correction)
 
 
 def importance_metrics(stats: WeightStats, correction: Correction) -> dict[str, float]:
