@@ -135,12 +135,13 @@ def test_a_killed_trainer_takes_its_server_with_it(tmp_path: Path) -> None:
     trainer.send_signal(signal.SIGKILL)
     trainer.wait(10)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and _running(server_pid):
+    while time.monotonic() < deadline and running(server_pid):
         time.sleep(0.2)
-    assert not _running(server_pid)
+    assert not running(server_pid)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """True while `pid` runs (not ended, not a zombie)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:

@@ -29,6 +29,7 @@ import torch
 from loop.generators.base import GeneratorError, SamplingParams
 from loop.generators.server_process import ServerProcess
 from tests.loop.conftest import chat_prompt_ids
+from tests.loop.test_server_process import running
 from tests.loop.test_vllm_generator import (  # noqa: F401  (module fixtures)
     IM_END,
     QUESTIONS,
@@ -68,7 +69,7 @@ async def generator(model_dir: str, tmp_path_factory) -> AsyncIterator:  # noqa:
     yield served
     pids = {process.pid}
     await served.close()
-    assert process.pid is None and not any(_running(pid) for pid in pids if pid)
+    assert process.pid is None and not any(running(pid) for pid in pids if pid)
 
 
 def served_models(generator) -> set[str]:
@@ -175,12 +176,4 @@ async def test_a_server_killed_mid_iteration_costs_its_requests_and_comes_back(
     print(f"\nserver restart to first answer: {time.perf_counter() - started:.1f} s")
     assert generator.restarts == 1 and server.process.pid != old_pid
     assert after.metadata["adapter_version"] == version  # back with the current adapter
-    assert not _running(old_pid)
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not running(old_pid)
