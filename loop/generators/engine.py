@@ -1,8 +1,11 @@
 """The `hf` generator's decoding engine for Llama-family models: KV reuse and row slots.
 
-It runs the policy's own modules (embeddings, each layer's norms, projections, MLP, the LM
-head), so LoRA adapters and hooks apply as in the learner's forward; only the attention and the
-cache are ours. A row's keys and values live in two parts:
+It runs the policy's own modules (embeddings, each layer's norms, the LM head) and their
+weights; the projections run fused, one matrix product per group of modules sharing an input
+with their LoRA factors (`loop/generators/fused.py`, on the same storage: one copy of the
+weights), and `refresh()` re-reads them after a weight change. `fused=False` calls each module
+instead (the reference the fused path is tested against). The attention and the cache are
+ours. A row's keys and values live in two parts:
 
 - a **prefix view**: the first `n_prefix` tokens of a frozen `PrefixEntry` (`loop/generators/
   kvcache.py`), shared by every row that starts with the same ids and read once per decode
@@ -38,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from loop.generators.fused import LayerProjections
 from loop.generators.kvcache import PrefixEntry
 from loop.model.aliases import causal_lm
 
@@ -75,7 +79,7 @@ class Row:
 class DecoderEngine:
     """Prefill and decode over row slots (see the module docstring). Not thread-safe."""
 
-    def __init__(self, model: Any, *, max_rows: int, prefill_chunk: int = 512):
+    def __init__(self, model: Any, *, max_rows: int, prefill_chunk: int = 512, fused: bool = True):
         if max_rows < 1 or prefill_chunk < 1:
             raise ValueError(f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}")
         self.model = model
@@ -91,6 +95,13 @@ class DecoderEngine:
         self.prefill_chunk = prefill_chunk
         self.rows: list[Row] = []
         self.own = self._empty_slots()
+        # fused projections (loop/generators/fused.py); None: each module called, the reference
+        self.fused = [LayerProjections(layer) for layer in self.layers] if fused else None
+
+    def refresh(self) -> None:
+        """Re-read the weights into the fused projections (call after any weight change)."""
+        for projections in self.fused or ():
+            projections.refresh()
 
     @property
     def nbytes(self) -> int:
@@ -163,8 +174,8 @@ class DecoderEngine:
         rotary = self.base.model.rotary_emb(x, positions)
         slots = torch.arange(len(rows), device=device)
         own_mask = torch.arange(int(lengths.max()) + 1, device=device)[None] > lengths[:, None]
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
+        for index in range(len(self.layers)):
+            q, k, v = self._qkv(index, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
             keys, values = self.own[index, 0], self.own[index, 1]
             keys[slots, :, lengths] = k[:, :, 0].to(keys.dtype)
             values[slots, :, lengths] = v[:, :, 0].to(values.dtype)
@@ -172,7 +183,7 @@ class DecoderEngine:
             keys = keys[: len(rows), :, :width].float()
             values = values[: len(rows), :, :width].float()
             attended = self._decode_attention(index, rows, q, keys, values, own_mask)
-            x = self._finish_layer(layer, x, attended)
+            x = self._finish_layer(index, x, attended)
         for row, token in zip(rows, tokens, strict=True):
             row.ids.append(token)
         return self.base.lm_head(self.base.model.norm(x)[:, -1]).float()
@@ -187,8 +198,8 @@ class DecoderEngine:
         total = row.n_prefix + start + count
         # (count, total): query i sees every key up to its own position
         allowed = torch.arange(total, device=device)[None] <= positions[0, :, None]
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rotary)
+        for index in range(len(self.layers)):
+            q, k, v = self._qkv(index, x, rotary)
             store[index, 0, :, start : start + count] = k[0]
             store[index, 1, :, start : start + count] = v[0]
             keys, values = store[index, 0, :, : start + count], store[index, 1, :, : start + count]
@@ -199,17 +210,20 @@ class DecoderEngine:
             attended = torch.nn.functional.scaled_dot_product_attention(
                 q, keys[None], values[None], attn_mask=allowed, scale=self.scale, enable_gqa=True
             )
-            x = self._finish_layer(layer, x, attended)
+            x = self._finish_layer(index, x, attended)
         row.ids.extend(new_ids)
         return self.base.model.norm(x)
 
-    def _qkv(self, layer: Any, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+    def _qkv(self, index: int, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """Projections of the normed input, per head, rotary applied: (B, heads, T, head_dim)."""
+        layer = self.layers[index]
         attn, h = layer.self_attn, layer.input_layernorm(x)
         batch, steps = x.shape[:2]
-        q = attn.q_proj(h).view(batch, steps, -1, self.head_dim)
-        k = attn.k_proj(h).view(batch, steps, -1, self.head_dim)
-        v = attn.v_proj(h).view(batch, steps, -1, self.head_dim)
+        if self.fused is None:
+            projected = [attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)]
+        else:
+            projected = self.fused[index].qkv(h)
+        q, k, v = (part.reshape(batch, steps, -1, self.head_dim) for part in projected)
         if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = (part[:, None] for part in rotary)
@@ -217,13 +231,16 @@ class DecoderEngine:
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         return q.float(), k.float(), v.float()  # attention in float32 (see the module docstring)
 
-    def _finish_layer(self, layer: Any, x: Tensor, attended: Tensor) -> Tensor:
+    def _finish_layer(self, index: int, x: Tensor, attended: Tensor) -> Tensor:
         """Output projection, residual, MLP, residual. attended: (B, heads, T, head_dim)."""
-        batch, steps = x.shape[:2]
+        layer, batch, steps = self.layers[index], *x.shape[:2]
         merged = attended.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
         merged = merged.to(x.dtype)
-        x = x + layer.self_attn.o_proj(merged)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        if self.fused is None:
+            x = x + layer.self_attn.o_proj(merged)
+            return x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + self.fused[index].o(merged)[0]
+        return x + self.fused[index].mlp(layer.post_attention_layernorm(x))
 
     def _decode_attention(
         self, index: int, rows: list[Row], q: Tensor, keys: Tensor, values: Tensor, own_mask: Tensor

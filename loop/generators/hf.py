@@ -265,6 +265,8 @@ class HFGenerator:
         fingerprint = _weights_fingerprint(self.policy.model)
         if fingerprint == self._fingerprint:
             return
+        self.engine.refresh()  # the fused projections re-read the weights (may rebind views)
+        fingerprint = _weights_fingerprint(self.policy.model)
         if self._fingerprint is not None:
             self.cache.invalidate()
             for active in self._active:

@@ -212,7 +212,7 @@ async def test_stored_keys_and_values_lose_nothing_in_the_model_dtype(tiny_model
     base = policy.model.model
     x = base.embed_tokens(torch.tensor([prompts(1)[0]]))
     rotary = base.rotary_emb(x, torch.arange(x.shape[1])[None])
-    _, k, v = engine._qkv(base.layers[0], x, rotary)
+    _, k, v = engine._qkv(0, x, rotary)
     assert torch.equal(k.to(torch.bfloat16).float(), k)
     assert torch.equal(v.to(torch.bfloat16).float(), v)
     for store_mb in (1024, 0):  # prompts as prefix entries, and in the rows' own slots
