@@ -189,6 +189,7 @@ def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
         kv_reuse=settings.kv_reuse,
         kv_cache_mb=settings.kv_cache_mb,
         torch_threads=settings.torch_threads,
+        max_context_tokens=config.agent.max_context_tokens,
     )
 
 

@@ -79,9 +79,21 @@ class Row:
 class DecoderEngine:
     """Prefill and decode over row slots (see the module docstring). Not thread-safe."""
 
-    def __init__(self, model: Any, *, max_rows: int, prefill_chunk: int = 512, fused: bool = True):
-        if max_rows < 1 or prefill_chunk < 1:
-            raise ValueError(f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}")
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_rows: int,
+        prefill_chunk: int = 512,
+        fused: bool = True,
+        max_tokens: int | None = None,
+    ):
+        if max_rows < 1 or prefill_chunk < 1 or (max_tokens or 1) < 1:
+            raise ValueError(
+                f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}, "
+                f"max_tokens={max_tokens}"
+            )
+        self.max_tokens = max_tokens  # the slots' capacity never grows past it (None: no cap)
         self.model = model
         self.base = causal_lm(model)
         config = self.base.config
@@ -290,13 +302,16 @@ class DecoderEngine:
 
     def reserve(self, length: int) -> None:
         """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
-        multiple of `CAPACITY_STEP`, copying once; a failed growth leaves the slots unchanged."""
+        multiple of `CAPACITY_STEP` (at most `max_tokens` unless `length` asks more), copying
+        once; a failed growth leaves the slots unchanged."""
         capacity = self.own.shape[4]
         if length <= capacity:
             return
         wanted = max(length, capacity + capacity // 4)
         shape = list(self.own.shape)
         shape[4] = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
+        if self.max_tokens is not None:  # room past the cap would never be used
+            shape[4] = max(length, min(shape[4], self.max_tokens))
         grown = self.own.new_zeros(shape)
         grown[..., :capacity, :] = self.own
         self.own = grown
