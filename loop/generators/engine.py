@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from loop.generators.attention import decode_attention, step_index
 from loop.generators.fused import LayerProjections
 from loop.generators.kvcache import PrefixEntry
 from loop.model.aliases import causal_lm
@@ -109,6 +110,8 @@ class DecoderEngine:
         self.own = self._empty_slots()
         # fused projections (loop/generators/fused.py); None: each module called, the reference
         self.fused = [LayerProjections(layer) for layer in self.layers] if fused else None
+        # decode attention by torch's CPU flash kernel (loop/generators/attention.py)
+        self.fused_attention = fused and self.own.device.type == "cpu"
 
     def refresh(self) -> None:
         """Re-read the weights into the fused projections (call after any weight change)."""
@@ -185,16 +188,18 @@ class DecoderEngine:
         x = self.base.model.embed_tokens(torch.tensor(tokens, device=device)[:, None])
         rotary = self.base.model.rotary_emb(x, positions)
         slots = torch.arange(len(rows), device=device)
-        own_mask = torch.arange(int(lengths.max()) + 1, device=device)[None] > lengths[:, None]
+        step = step_index(lengths, [(row.entry, row.n_prefix) for row in rows], self.groups)
+        width = int(lengths.max()) + 1
         for index in range(len(self.layers)):
             q, k, v = self._qkv(index, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
             keys, values = self.own[index, 0], self.own[index, 1]
             keys[slots, :, lengths] = k[:, :, 0].to(keys.dtype)
             values[slots, :, lengths] = v[:, :, 0].to(values.dtype)
-            width = own_mask.shape[1]
             keys = keys[: len(rows), :, :width].float()
             values = values[: len(rows), :, :width].float()
-            attended = self._decode_attention(index, rows, q, keys, values, own_mask)
+            attended = decode_attention(
+                index, q, keys, values, step, scale=self.scale, fused=self.fused_attention
+            )
             x = self._finish_layer(index, x, attended)
         for row, token in zip(rows, tokens, strict=True):
             row.ids.append(token)
@@ -254,52 +259,6 @@ class DecoderEngine:
         x = x + self.fused[index].o(merged)[0]
         return x + self.fused[index].mlp(layer.post_attention_layernorm(x))
 
-    def _decode_attention(
-        self, index: int, rows: list[Row], q: Tensor, keys: Tensor, values: Tensor, own_mask: Tensor
-    ) -> Tensor:
-        """One query per row over its prefix view and its own slot, merged by log-sum-exp.
-
-        q: (B, heads, 1, head_dim); keys/values: (B, kv_heads, W, head_dim) own slots;
-        own_mask: (B, W), True past a row's length. Returns (B, heads, 1, head_dim).
-        """
-        batch = len(rows)
-        qg = q.view(batch, self.kv_heads, self.groups, self.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale  # (B, kvh, G, W)
-        scores = scores.masked_fill(own_mask[:, None, None], float("-inf"))
-        top = scores.amax(-1, keepdim=True)
-        weights = torch.exp(scores - top)
-        total = weights.sum(-1, keepdim=True)
-        out = torch.matmul(weights, values)  # (B, kvh, G, D), unnormalised
-        for entry, members in _by_entry(rows).items():
-            p_top, p_total, p_out = self._prefix_part(index, entry, [rows[i] for i in members], qg)
-            at = torch.tensor(members, device=q.device)
-            m = torch.maximum(top[at], p_top)
-            a, b = torch.exp(top[at] - m), torch.exp(p_top - m)
-            out[at] = a * out[at] + b * p_out
-            total[at] = a * total[at] + b * p_total
-            top[at] = m
-        return (out / total).reshape(batch, self.heads, 1, self.head_dim)
-
-    def _prefix_part(
-        self, index: int, entry: PrefixEntry, rows: list[Row], qg: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Attention partials over one entry's keys for the rows that view it (read once)."""
-        members = torch.tensor([row.slot for row in rows], device=qg.device)
-        width = max(row.n_prefix for row in rows)
-        keys = entry.kv[index, 0, :, :width].float()  # (kvh, P, D)
-        values = entry.kv[index, 1, :, :width].float()
-        q = qg[members].permute(1, 0, 2, 3).reshape(self.kv_heads, -1, self.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (kvh, b*G, P)
-        scores = scores.view(self.kv_heads, len(rows), self.groups, width).permute(1, 0, 2, 3)
-        limits = torch.tensor([row.n_prefix for row in rows], device=qg.device)
-        past = torch.arange(width, device=qg.device)[None] >= limits[:, None]  # (b, P)
-        scores = scores.masked_fill(past[:, None, None], float("-inf"))
-        top = scores.amax(-1, keepdim=True)
-        weights = torch.exp(scores - top)  # (b, kvh, G, P)
-        flat = weights.permute(1, 0, 2, 3).reshape(self.kv_heads, -1, width)
-        out = torch.matmul(flat, values).view(self.kv_heads, len(rows), self.groups, -1)
-        return top, weights.sum(-1, keepdim=True), out.permute(1, 0, 2, 3)
-
     def reserve(self, length: int) -> None:
         """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
         multiple of `CAPACITY_STEP` (at most `max_tokens` unless `length` asks more), copying
@@ -321,15 +280,6 @@ class DecoderEngine:
         return weight.new_zeros(
             (len(self.layers), 2, self.max_rows, self.kv_heads, 0, self.head_dim)
         )
-
-
-def _by_entry(rows: list[Row]) -> dict[PrefixEntry, list[int]]:
-    """Indices of the rows viewing each prefix entry."""
-    groups: dict[PrefixEntry, list[int]] = {}
-    for i, row in enumerate(rows):
-        if row.entry is not None and row.n_prefix:
-            groups.setdefault(row.entry, []).append(i)
-    return groups
 
 
 def _rotate_half(x: Tensor) -> Tensor:
