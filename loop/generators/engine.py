@@ -15,17 +15,22 @@ ours. A row's keys and values live in two parts:
 
 Attention over the two parts is computed separately and merged exactly with their
 log-sum-exps (as cascade/shared-prefix attention does), so a row's output equals attention over
-the concatenation. Keys and values are stored in the model's dtype: they come out of its
-projections and rotary embedding in that dtype, so storing them loses nothing (a bfloat16 7B
-model's 32 rows at 8K tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in
-float32 whatever the model's dtype, as the learner's CPU attention kernel accumulates in float32.
+the concatenation (`loop/generators/attention.py`; on a CPU by torch's flash kernel unless
+`fused=False`). Prefill attention is torch's SDPA, which on a CPU (torch 2.13) already runs the
+flash kernel with our boolean mask and grouped heads.
+
+Keys and values are stored in the model's dtype: they come out of its projections and rotary
+embedding in that dtype, so storing them loses nothing (a bfloat16 7B model's 32 rows at 8K
+tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in float32 whatever the
+model's dtype, as the learner's CPU attention kernel accumulates in float32.
 Active rows always occupy slots 0..B-1 in order: a leaving row's slot is filled by the last one.
 
 Memory: the slots' token capacity is the longest row's. `reserve(n)` grows it (by at least a
 quarter, so growth is rare, copying once) and the generator calls it when a request joins, for
-the request's whole prompt plus `max_new_tokens`: a growth that does not fit fails that request
-alone, before it decodes, never a decode step shared by every row. `release()` frees the slots
-when no row is active (between turns and while the learner trains).
+the request's whole prompt plus `max_new_tokens` (never past `max_tokens`, the generator's
+`max_context_tokens`): a growth that does not fit fails that request alone, before it
+decodes, never a decode step shared by every row. `release()` frees the slots when no row is
+active (between turns and while the learner trains).
 
 Supported: `model_type` llama, mistral, qwen2 and qwen3 (those whose layers are
 `input_layernorm -> self_attn(q, k, v, o) -> post_attention_layernorm -> mlp`, full
