@@ -230,6 +230,9 @@ class _IdleGenerator:
     def load_adapter(self, path: Path | None) -> None:
         """Nothing to load: this process has no engine."""
 
+    def release_memory(self) -> None:
+        """Nothing to free: this process has no engine."""
+
     async def close(self) -> None:
         """Nothing to release."""
 

@@ -185,6 +185,15 @@ class HFGenerator:
         with self._model_lock:
             load_adapter(self.policy.model, Path(path))
 
+    def release_memory(self) -> None:
+        """Drop the KV store and, when no row is active, free the row slots: the learner's step
+        gets that memory, and the next step changes the weights, which would void the store
+        anyway. Waits for a running decode step."""
+        with self._model_lock:
+            self.cache.invalidate()
+            if self.engine is not None and not self.engine.rows:
+                self.engine.release()
+
     async def close(self) -> None:
         """Stop the worker; queued and running requests get a `GeneratorError`."""
         self._closed = True

@@ -331,3 +331,17 @@ def test_kv_cache_budget_is_a_share_of_free_gpu_memory_when_unset(tiny_policy, m
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
     on_gpu = Policy(tiny_policy.model, tiny_policy.tokenizer, torch.device("cuda"))
     assert HFGenerator(on_gpu).cache.budget_bytes == int(hf.KV_FREE_SHARE * free)
+
+
+async def test_release_memory_frees_the_store_and_the_slots_and_sampling_goes_on(tiny_policy):
+    """The trainer calls it before the learner's step: the store and the slots hold nothing
+    after, and the next request samples what it would have from a fresh generator."""
+    generator = HFGenerator(tiny_policy, max_batch_size=4)
+    first = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
+    assert generator.cache.nbytes > 0
+    generator.release_memory()
+    assert generator.cache.nbytes == 0 and generator.engine is not None
+    assert generator.engine.nbytes == 0
+    again = await generator.generate(prompts(3)[1], GREEDY)
+    assert again.token_ids == first[1].token_ids
+    await generator.close()
