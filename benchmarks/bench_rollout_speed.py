@@ -10,7 +10,8 @@ the tasks' gold cells played through the real sandbox: turn t+1's prompt is turn
 ids just sampled and that observation, as in a rollout. Measured in one run, per backend and
 turn count: generated tokens/s and wall time of the iteration's generation, with ratios to the
 old path. Also printed:
-- the limit: a 2048^3 matmul's FLOP/s measured now, divided by the model's FLOP per token;
+- the limit: a 2048^3 matmul's FLOP/s measured now, divided by the model's FLOP per token (in
+  bfloat16 too only when a bfloat16 backend runs: a CPU without native bf16 emulates it, slowly);
 - the KV store's and the row slots' peak memory at this load and at `--big-rollouts` rollouts;
 - with `--learner`: one forward+backward of the same rollouts through the learner's log-probs
   (LoRA, gradient checkpointing) in float32 and in bfloat16, and their ratio.
@@ -228,7 +229,9 @@ def main() -> None:
     print(
         f"threads {torch.get_num_threads()}; prompt {len(load[0].prompt)} tokens; {rows} rollouts"
     )
-    flops = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
+    flops = {"fp32": matmul_flops(torch.float32)}
+    if any("bf16" in name for name in args.backends):  # emulated (slow) without native bf16
+        flops["bf16"] = matmul_flops(torch.bfloat16)
     per_token = flop_per_token(path, len(load[0].prompt))
     results = {}
     for name in args.backends:
