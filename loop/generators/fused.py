@@ -10,13 +10,14 @@ group, 8 per layer instead of 21.
 
 One copy of the weights. A frozen base weight (LoRA's base) becomes a view of its group's
 tensor (its parameter's `.data` is rebound once), so the fused tensor is its only storage and
-the learner trains the same numbers; the extra memory is the A rows and the B block-diagonal
-(SmolLM2-135M, r=16: 9 MiB in float32). A trainable weight (full fine-tuning) is copied into
-the group's tensor instead, since the optimiser and checkpoints need a parameter of its own: a
-second copy of those weights (SmolLM2-135M: 410 MiB in float32). `refresh()` re-reads what may
-have changed and is called whenever the weights' fingerprint changes (each optimiser step,
-`load_adapter`): it copies the A factors, the trainable weights and any base weight that is no
-longer a view (replaced), and rebuilds the B block-diagonal; no allocation after the first.
+the learner computes with the same numbers; the extra memory is the A rows and the B
+block-diagonal (SmolLM2-135M, r=16: 28 MiB in float32, most of it the block-diagonal's zeros).
+A trainable weight (full fine-tuning) is copied into the group's tensor instead, since the
+optimiser and checkpoints need a parameter of its own: a second copy of those weights
+(SmolLM2-135M: 405 MiB in float32). `refresh()` re-reads what may have changed and is called
+whenever the weights' fingerprint changes (each optimiser step, `load_adapter`): it copies the
+A and B factors, the trainable weights and any base weight that is no longer a view (replaced)
+into the tensors allocated the first time.
 
 A group whose modules are not plain `nn.Linear`s or peft LoRA `Linear`s over one, with one
 active adapter and no DoRA, bias on B or merged weights (a 4-bit base, for one), is not fused:
