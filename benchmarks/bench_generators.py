@@ -49,6 +49,9 @@ class Replay:
     def load_adapter(self, path: Any) -> None:
         pass
 
+    def release_memory(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

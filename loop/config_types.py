@@ -87,7 +87,11 @@ class GeneratorConfig:
     )
     max_batch_size: int = doc(8, "hf: rows decoded together (continuous batching)")
     kv_reuse: bool = doc(True, "hf: reuse shared prompt prefixes and each rollout's previous turn")
-    kv_cache_mb: float = doc(1024, "hf: memory for cached prefixes and previous turns (LRU)")
+    kv_cache_mb: float | None = doc(
+        None,
+        "hf: memory for cached prefixes and previous turns (LRU); None: a quarter of the GPU's "
+        "free memory, 1024 on a CPU",
+    )
     torch_threads: int | None = doc(None, "hf: torch's CPU threads while sampling (None: as is)")
     gpu_memory_utilization: float = doc(0.4, "vllm: share of (GPU or CPU KV) memory for the engine")
     max_model_len: int = doc(8192, "vllm: longest sequence the engine plans for")

@@ -180,6 +180,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
             raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
         t_learn = time.monotonic()
+        parts.generator.release_memory()  # the sampler's caches, for the learner's memory
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
         metrics |= learner.recompute_old_logprobs(samples)
         check_parity(metrics, cfg)

@@ -75,6 +75,12 @@ class Generator(Protocol):
         """Sample from the base weights plus this LoRA adapter from now on (None: base only)."""
         ...
 
+    def release_memory(self) -> None:
+        """Free what sampling holds between requests (caches) for the learner's step, which
+        the trainer calls before; sampling rebuilds what it needs (a no-op for a backend
+        whose memory is not the learner's)."""
+        ...
+
     async def close(self) -> None:
         """Release the backend's resources."""
         ...

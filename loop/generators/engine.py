@@ -1,8 +1,11 @@
 """The `hf` generator's decoding engine for Llama-family models: KV reuse and row slots.
 
-It runs the policy's own modules (embeddings, each layer's norms, projections, MLP, the LM
-head), so LoRA adapters and hooks apply as in the learner's forward; only the attention and the
-cache are ours. A row's keys and values live in two parts:
+It runs the policy's own modules (embeddings, each layer's norms, the LM head) and their
+weights; the projections run fused, one matrix product per group of modules sharing an input
+with their LoRA factors (`loop/generators/fused.py`, on the same storage: one copy of the
+weights), and `refresh()` re-reads them after a weight change. `fused=False` calls each module
+instead (the reference the fused path is tested against). The attention and the cache are
+ours. A row's keys and values live in two parts:
 
 - a **prefix view**: the first `n_prefix` tokens of a frozen `PrefixEntry` (`loop/generators/
   kvcache.py`), shared by every row that starts with the same ids and read once per decode
@@ -12,17 +15,22 @@ cache are ours. A row's keys and values live in two parts:
 
 Attention over the two parts is computed separately and merged exactly with their
 log-sum-exps (as cascade/shared-prefix attention does), so a row's output equals attention over
-the concatenation. Keys and values are stored in the model's dtype: they come out of its
-projections and rotary embedding in that dtype, so storing them loses nothing (a bfloat16 7B
-model's 32 rows at 8K tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in
-float32 whatever the model's dtype, as the learner's CPU attention kernel accumulates in float32.
+the concatenation (`loop/generators/attention.py`; on a CPU by torch's flash kernel unless
+`fused=False`). Prefill attention is torch's SDPA, which on a CPU (torch 2.13) already runs the
+flash kernel with our boolean mask and grouped heads.
+
+Keys and values are stored in the model's dtype: they come out of its projections and rotary
+embedding in that dtype, so storing them loses nothing (a bfloat16 7B model's 32 rows at 8K
+tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in float32 whatever the
+model's dtype, as the learner's CPU attention kernel accumulates in float32.
 Active rows always occupy slots 0..B-1 in order: a leaving row's slot is filled by the last one.
 
 Memory: the slots' token capacity is the longest row's. `reserve(n)` grows it (by at least a
 quarter, so growth is rare, copying once) and the generator calls it when a request joins, for
-the request's whole prompt plus `max_new_tokens`: a growth that does not fit fails that request
-alone, before it decodes, never a decode step shared by every row. `release()` frees the slots
-when no row is active (between turns and while the learner trains).
+the request's whole prompt plus `max_new_tokens` (never past `max_tokens`, the generator's
+`max_context_tokens`): a growth that does not fit fails that request alone, before it
+decodes, never a decode step shared by every row. `release()` frees the slots when no row is
+active (between turns and while the learner trains).
 
 Supported: `model_type` llama, mistral, qwen2 and qwen3 (those whose layers are
 `input_layernorm -> self_attn(q, k, v, o) -> post_attention_layernorm -> mlp`, full
@@ -38,6 +46,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from loop.generators.attention import decode_attention, step_index
+from loop.generators.fused import LayerProjections
 from loop.generators.kvcache import PrefixEntry
 from loop.model.aliases import causal_lm
 
@@ -75,9 +85,21 @@ class Row:
 class DecoderEngine:
     """Prefill and decode over row slots (see the module docstring). Not thread-safe."""
 
-    def __init__(self, model: Any, *, max_rows: int, prefill_chunk: int = 512):
-        if max_rows < 1 or prefill_chunk < 1:
-            raise ValueError(f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}")
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_rows: int,
+        prefill_chunk: int = 512,
+        fused: bool = True,
+        max_tokens: int | None = None,
+    ):
+        if max_rows < 1 or prefill_chunk < 1 or (max_tokens or 1) < 1:
+            raise ValueError(
+                f"bad engine sizes: max_rows={max_rows}, chunk={prefill_chunk}, "
+                f"max_tokens={max_tokens}"
+            )
+        self.max_tokens = max_tokens  # the slots' capacity never grows past it (None: no cap)
         self.model = model
         self.base = causal_lm(model)
         config = self.base.config
@@ -91,6 +113,15 @@ class DecoderEngine:
         self.prefill_chunk = prefill_chunk
         self.rows: list[Row] = []
         self.own = self._empty_slots()
+        # fused projections (loop/generators/fused.py); None: each module called, the reference
+        self.fused = [LayerProjections(layer) for layer in self.layers] if fused else None
+        # decode attention by torch's CPU flash kernel (loop/generators/attention.py)
+        self.fused_attention = fused and self.own.device.type == "cpu"
+
+    def refresh(self) -> None:
+        """Re-read the weights into the fused projections (call after any weight change)."""
+        for projections in self.fused or ():
+            projections.refresh()
 
     @property
     def nbytes(self) -> int:
@@ -162,17 +193,19 @@ class DecoderEngine:
         x = self.base.model.embed_tokens(torch.tensor(tokens, device=device)[:, None])
         rotary = self.base.model.rotary_emb(x, positions)
         slots = torch.arange(len(rows), device=device)
-        own_mask = torch.arange(int(lengths.max()) + 1, device=device)[None] > lengths[:, None]
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
+        step = step_index(lengths, [(row.entry, row.n_prefix) for row in rows], self.groups)
+        width = int(lengths.max()) + 1
+        for index in range(len(self.layers)):
+            q, k, v = self._qkv(index, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
             keys, values = self.own[index, 0], self.own[index, 1]
             keys[slots, :, lengths] = k[:, :, 0].to(keys.dtype)
             values[slots, :, lengths] = v[:, :, 0].to(values.dtype)
-            width = own_mask.shape[1]
             keys = keys[: len(rows), :, :width].float()
             values = values[: len(rows), :, :width].float()
-            attended = self._decode_attention(index, rows, q, keys, values, own_mask)
-            x = self._finish_layer(layer, x, attended)
+            attended = decode_attention(
+                index, q, keys, values, step, scale=self.scale, fused=self.fused_attention
+            )
+            x = self._finish_layer(index, x, attended)
         for row, token in zip(rows, tokens, strict=True):
             row.ids.append(token)
         return self.base.lm_head(self.base.model.norm(x)[:, -1]).float()
@@ -187,8 +220,8 @@ class DecoderEngine:
         total = row.n_prefix + start + count
         # (count, total): query i sees every key up to its own position
         allowed = torch.arange(total, device=device)[None] <= positions[0, :, None]
-        for index, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rotary)
+        for index in range(len(self.layers)):
+            q, k, v = self._qkv(index, x, rotary)
             store[index, 0, :, start : start + count] = k[0]
             store[index, 1, :, start : start + count] = v[0]
             keys, values = store[index, 0, :, : start + count], store[index, 1, :, : start + count]
@@ -199,17 +232,20 @@ class DecoderEngine:
             attended = torch.nn.functional.scaled_dot_product_attention(
                 q, keys[None], values[None], attn_mask=allowed, scale=self.scale, enable_gqa=True
             )
-            x = self._finish_layer(layer, x, attended)
+            x = self._finish_layer(index, x, attended)
         row.ids.extend(new_ids)
         return self.base.model.norm(x)
 
-    def _qkv(self, layer: Any, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+    def _qkv(self, index: int, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """Projections of the normed input, per head, rotary applied: (B, heads, T, head_dim)."""
+        layer = self.layers[index]
         attn, h = layer.self_attn, layer.input_layernorm(x)
         batch, steps = x.shape[:2]
-        q = attn.q_proj(h).view(batch, steps, -1, self.head_dim)
-        k = attn.k_proj(h).view(batch, steps, -1, self.head_dim)
-        v = attn.v_proj(h).view(batch, steps, -1, self.head_dim)
+        if self.fused is None:
+            projected = [attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)]
+        else:
+            projected = self.fused[index].qkv(h)
+        q, k, v = (part.reshape(batch, steps, -1, self.head_dim) for part in projected)
         if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = (part[:, None] for part in rotary)
@@ -217,69 +253,29 @@ class DecoderEngine:
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         return q.float(), k.float(), v.float()  # attention in float32 (see the module docstring)
 
-    def _finish_layer(self, layer: Any, x: Tensor, attended: Tensor) -> Tensor:
+    def _finish_layer(self, index: int, x: Tensor, attended: Tensor) -> Tensor:
         """Output projection, residual, MLP, residual. attended: (B, heads, T, head_dim)."""
-        batch, steps = x.shape[:2]
+        layer, batch, steps = self.layers[index], *x.shape[:2]
         merged = attended.transpose(1, 2).reshape(batch, steps, self.heads * self.head_dim)
         merged = merged.to(x.dtype)
-        x = x + layer.self_attn.o_proj(merged)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
-
-    def _decode_attention(
-        self, index: int, rows: list[Row], q: Tensor, keys: Tensor, values: Tensor, own_mask: Tensor
-    ) -> Tensor:
-        """One query per row over its prefix view and its own slot, merged by log-sum-exp.
-
-        q: (B, heads, 1, head_dim); keys/values: (B, kv_heads, W, head_dim) own slots;
-        own_mask: (B, W), True past a row's length. Returns (B, heads, 1, head_dim).
-        """
-        batch = len(rows)
-        qg = q.view(batch, self.kv_heads, self.groups, self.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale  # (B, kvh, G, W)
-        scores = scores.masked_fill(own_mask[:, None, None], float("-inf"))
-        top = scores.amax(-1, keepdim=True)
-        weights = torch.exp(scores - top)
-        total = weights.sum(-1, keepdim=True)
-        out = torch.matmul(weights, values)  # (B, kvh, G, D), unnormalised
-        for entry, members in _by_entry(rows).items():
-            p_top, p_total, p_out = self._prefix_part(index, entry, [rows[i] for i in members], qg)
-            at = torch.tensor(members, device=q.device)
-            m = torch.maximum(top[at], p_top)
-            a, b = torch.exp(top[at] - m), torch.exp(p_top - m)
-            out[at] = a * out[at] + b * p_out
-            total[at] = a * total[at] + b * p_total
-            top[at] = m
-        return (out / total).reshape(batch, self.heads, 1, self.head_dim)
-
-    def _prefix_part(
-        self, index: int, entry: PrefixEntry, rows: list[Row], qg: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Attention partials over one entry's keys for the rows that view it (read once)."""
-        members = torch.tensor([row.slot for row in rows], device=qg.device)
-        width = max(row.n_prefix for row in rows)
-        keys = entry.kv[index, 0, :, :width].float()  # (kvh, P, D)
-        values = entry.kv[index, 1, :, :width].float()
-        q = qg[members].permute(1, 0, 2, 3).reshape(self.kv_heads, -1, self.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale  # (kvh, b*G, P)
-        scores = scores.view(self.kv_heads, len(rows), self.groups, width).permute(1, 0, 2, 3)
-        limits = torch.tensor([row.n_prefix for row in rows], device=qg.device)
-        past = torch.arange(width, device=qg.device)[None] >= limits[:, None]  # (b, P)
-        scores = scores.masked_fill(past[:, None, None], float("-inf"))
-        top = scores.amax(-1, keepdim=True)
-        weights = torch.exp(scores - top)  # (b, kvh, G, P)
-        flat = weights.permute(1, 0, 2, 3).reshape(self.kv_heads, -1, width)
-        out = torch.matmul(flat, values).view(self.kv_heads, len(rows), self.groups, -1)
-        return top, weights.sum(-1, keepdim=True), out.permute(1, 0, 2, 3)
+        if self.fused is None:
+            x = x + layer.self_attn.o_proj(merged)
+            return x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + self.fused[index].o(merged)[0]
+        return x + self.fused[index].mlp(layer.post_attention_layernorm(x))
 
     def reserve(self, length: int) -> None:
         """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
-        multiple of `CAPACITY_STEP`, copying once; a failed growth leaves the slots unchanged."""
+        multiple of `CAPACITY_STEP` (at most `max_tokens` unless `length` asks more), copying
+        once; a failed growth leaves the slots unchanged."""
         capacity = self.own.shape[4]
         if length <= capacity:
             return
         wanted = max(length, capacity + capacity // 4)
         shape = list(self.own.shape)
         shape[4] = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
+        if self.max_tokens is not None:  # room past the cap would never be used
+            shape[4] = max(length, min(shape[4], self.max_tokens))
         grown = self.own.new_zeros(shape)
         grown[..., :capacity, :] = self.own
         self.own = grown
@@ -289,15 +285,6 @@ class DecoderEngine:
         return weight.new_zeros(
             (len(self.layers), 2, self.max_rows, self.kv_heads, 0, self.head_dim)
         )
-
-
-def _by_entry(rows: list[Row]) -> dict[PrefixEntry, list[int]]:
-    """Indices of the rows viewing each prefix entry."""
-    groups: dict[PrefixEntry, list[int]] = {}
-    for i, row in enumerate(rows):
-        if row.entry is not None and row.n_prefix:
-            groups.setdefault(row.entry, []).append(i)
-    return groups
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -13,7 +13,8 @@ samples from the current learner weights (LoRA included).
    longest shared prefix of any earlier first-turn prompt (the system message and worked example
    are shared by every rollout, the whole first prompt by a task's K rollouts), or its own
    rollout's cache from the previous turn. It prefills only what is new: the glue and the
-   observation. The store holds at most `kv_cache_mb`, least recently used first out.
+   observation. The store holds at most `kv_cache_mb` (unset: a share of the GPU's free memory,
+   or 1 GiB on a CPU), least recently used first out.
    A first-turn prompt becomes a prefix entry of its own only when no entry covers at least
    `SHARE_FRACTION` of it; otherwise it views that entry and its few own tokens (the task) go
    to its row. So the rollouts of many tasks view one entry, whose keys each decode step reads
@@ -34,8 +35,9 @@ path: static batches through the plain transformers forward (`sample_batch`), wh
 arriving during a batch wait for the next. A request whose prefill fails gets a
 `GeneratorError` alone (on the static path: each request of a failed batch is retried alone);
 so does one whose row slots cannot grow to its prompt plus `max_new_tokens` (reserved when it
-joins, so decode steps never grow them); a failing decode step fails the rows in it; the
-worker keeps serving. The slots' memory is freed whenever no row is active. The model is in
+joins, so decode steps never grow them; never past `max_context_tokens`: a request's
+`max_new_tokens` is cut to the room its prompt leaves); a failing decode step fails the rows in
+it; the worker keeps serving. The slots' memory is freed whenever no row is active. The model is in
 eval mode under `torch.no_grad()` while sampling; each module's training flag is restored
 afterwards.
 """
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
@@ -66,6 +69,11 @@ from loop.model.policy import Policy
 # A first-turn prompt views an existing prefix entry instead of becoming one when the entry
 # covers at least this share of it (see the module docstring, step 3).
 SHARE_FRACTION = 0.5
+# kv_cache_mb unset: on a GPU this share of the memory free when the generator is built (the
+# learner's step needs the rest); on a CPU, CPU_KV_CACHE_MB (the quickstart's store peaked at
+# 415 MiB at 8 rollouts and 852 at 32, benchmarks/README.md).
+KV_FREE_SHARE = 0.25
+CPU_KV_CACHE_MB = 1024.0
 
 
 @dataclass(eq=False)
@@ -100,28 +108,38 @@ class HFGenerator:
         *,
         max_batch_size: int = 8,
         kv_reuse: bool = True,
-        kv_cache_mb: float = 1024,
+        kv_cache_mb: float | None = None,
         torch_threads: int | None = None,
+        max_context_tokens: int | None = None,
         batch_wait_s: float = 0.01,
         share_fraction: float = SHARE_FRACTION,
     ):
-        if max_batch_size < 1 or batch_wait_s < 0 or kv_cache_mb < 0 or (torch_threads or 1) < 1:
+        if kv_cache_mb is None:
+            kv_cache_mb = kv_cache_budget_mb(policy.device)
+        if (
+            max_batch_size < 1
+            or batch_wait_s < 0
+            or kv_cache_mb < 0
+            or (torch_threads or 1) < 1
+            or (max_context_tokens or 2) < 2
+        ):
             raise ValueError(
                 f"bad hf generator settings: max_batch_size={max_batch_size}, "
                 f"kv_cache_mb={kv_cache_mb}, torch_threads={torch_threads}, "
-                f"batch_wait_s={batch_wait_s}"
+                f"batch_wait_s={batch_wait_s}, max_context_tokens={max_context_tokens}"
             )
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s  # the static path: how long a batch waits for more
         self.share_fraction = share_fraction  # 1.0: every first-turn prompt its own entry
         self.torch_threads = torch_threads  # torch's CPU threads while sampling (None: as is)
+        self.max_context_tokens = max_context_tokens  # a row's prompt + output at most
         self.batches_run = 0  # forward batches: prefills and decode steps
         self.requests_served = 0
         self.tokens_generated = 0
         self.cache = KVStore(int(kv_cache_mb * 2**20))
         self.engine = (
-            DecoderEngine(policy.model, max_rows=max_batch_size)
+            DecoderEngine(policy.model, max_rows=max_batch_size, max_tokens=max_context_tokens)
             if kv_reuse and supports(policy.model)
             else None
         )
@@ -146,6 +164,7 @@ class HFGenerator:
         if self._closed:
             raise GeneratorError("hf generator is closed")
         self._check_prompt(prompt_token_ids)
+        params = self._capped(len(prompt_token_ids), params)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         self._ensure_worker()
@@ -166,6 +185,15 @@ class HFGenerator:
         with self._model_lock:
             load_adapter(self.policy.model, Path(path))
 
+    def release_memory(self) -> None:
+        """Drop the KV store and, when no row is active, free the row slots: the learner's step
+        gets that memory, and the next step changes the weights, which would void the store
+        anyway. Waits for a running decode step."""
+        with self._model_lock:
+            self.cache.invalidate()
+            if self.engine is not None and not self.engine.rows:
+                self.engine.release()
+
     async def close(self) -> None:
         """Stop the worker; queued and running requests get a `GeneratorError`."""
         self._closed = True
@@ -180,6 +208,21 @@ class HFGenerator:
         bad = [t for t in prompt_token_ids if not 0 <= t < self._vocab_size]
         if bad:
             raise GeneratorError(f"prompt token ids outside [0, {self._vocab_size}): {bad[:5]}")
+
+    def _capped(self, prompt_length: int, params: SamplingParams) -> SamplingParams:
+        """`params` with `max_new_tokens` cut so that prompt + output fit `max_context_tokens`
+        (a row's slot then never grows past it); a prompt that leaves no room is an error."""
+        if self.max_context_tokens is None:
+            return params
+        room = self.max_context_tokens - prompt_length
+        if room < 1:
+            raise GeneratorError(
+                f"prompt of {prompt_length} tokens leaves no room under "
+                f"max_context_tokens={self.max_context_tokens}"
+            )
+        if params.max_new_tokens <= room:
+            return params
+        return dataclasses.replace(params, max_new_tokens=room)
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -265,6 +308,8 @@ class HFGenerator:
         fingerprint = _weights_fingerprint(self.policy.model)
         if fingerprint == self._fingerprint:
             return
+        self.engine.refresh()  # the fused projections re-read the weights (may rebind views)
+        fingerprint = _weights_fingerprint(self.policy.model)
         if self._fingerprint is not None:
             self.cache.invalidate()
             for active in self._active:
@@ -415,6 +460,14 @@ def _sampling_mode(model: Any, threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
         for module, training in flags:
             module.training = training
+
+
+def kv_cache_budget_mb(device: torch.device) -> float:
+    """The KV store's budget when `kv_cache_mb` is unset (see KV_FREE_SHARE)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return KV_FREE_SHARE * free / 2**20
+    return CPU_KV_CACHE_MB
 
 
 def _pad_token_id(policy: Policy) -> int:

@@ -122,6 +122,9 @@ class OpenAIGenerator:
                 "model); serve the adapter with the server instead (vllm serve --lora-modules)"
             )
 
+    def release_memory(self) -> None:
+        """Nothing to free: the model runs elsewhere."""
+
     async def close(self) -> None:
         """Close the HTTP client and its connections."""
         await self._client.aclose()

@@ -65,5 +65,8 @@ class ScriptedGenerator:
     def load_adapter(self, path: Path | None) -> None:
         """Nothing to load: the script is the policy."""
 
+    def release_memory(self) -> None:
+        """Nothing to free."""
+
     async def close(self) -> None:
         """Nothing to release."""

@@ -169,6 +169,9 @@ class VLLMGenerator:
             lora_name=f"adapter-{adapter_id}", lora_int_id=adapter_id, lora_path=str(path)
         )
 
+    def release_memory(self) -> None:
+        """Nothing to free: the engine's memory is its own, sized by gpu_memory_utilization."""
+
     async def close(self, timeout_s: float = 30.0) -> None:
         """Shut the engine's processes down (waiting up to `timeout_s`) and reap them.
 

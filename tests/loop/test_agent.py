@@ -55,6 +55,9 @@ class ScriptedGenerator:
     def load_adapter(self, path: Any) -> None:
         pass
 
+    def release_memory(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

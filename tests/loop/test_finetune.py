@@ -120,6 +120,9 @@ class ServingRecorder:
     def load_adapter(self, path: Path) -> None:
         self.served.append(Path(path))
 
+    def release_memory(self) -> None:
+        self.inner.release_memory()
+
     async def close(self) -> None:
         await self.inner.close()
 

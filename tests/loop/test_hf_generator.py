@@ -212,7 +212,7 @@ async def test_stored_keys_and_values_lose_nothing_in_the_model_dtype(tiny_model
     base = policy.model.model
     x = base.embed_tokens(torch.tensor([prompts(1)[0]]))
     rotary = base.rotary_emb(x, torch.arange(x.shape[1])[None])
-    _, k, v = engine._qkv(base.layers[0], x, rotary)
+    _, k, v = engine._qkv(0, x, rotary)
     assert torch.equal(k.to(torch.bfloat16).float(), k)
     assert torch.equal(v.to(torch.bfloat16).float(), v)
     for store_mb in (1024, 0):  # prompts as prefix entries, and in the rows' own slots
@@ -295,4 +295,53 @@ async def test_smollm2_batched_greedy_equals_alone(smollm2_policy: Policy) -> No
     alone = [await generator.generate(p, params) for p in prompt_list]
     together = await asyncio.gather(*(generator.generate(p, params) for p in prompt_list))
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    await generator.close()
+
+
+async def test_rows_never_grow_past_max_context_tokens(tiny_policy, monkeypatch) -> None:
+    """A request's output is cut to the room its prompt leaves under `max_context_tokens`, so
+    its slot never holds more; a prompt that leaves no room is a one-line error of its own."""
+    generator = HFGenerator(tiny_policy, max_batch_size=2, kv_cache_mb=0, max_context_tokens=12)
+    assert generator.engine is not None
+    seen: list[int] = []
+    grow = generator.engine.reserve
+
+    def reserve(length: int) -> None:
+        grow(length)
+        seen.append(generator.engine.own.shape[4])  # the slots' capacity after any growth
+
+    monkeypatch.setattr(generator.engine, "reserve", reserve)
+    long = SamplingParams(max_new_tokens=50, temperature=0.0)
+    short, full = prompts(4)[3], list(range(3, 15))  # 9 and 12 ids
+    got = await generator.generate(short, long)
+    assert len(got.token_ids) == 12 - len(short) and got.finish_reason == "length"
+    assert seen and max(seen) <= 12
+    with pytest.raises(GeneratorError, match="leaves no room under max_context_tokens=12"):
+        await generator.generate(full, long)
+    assert len((await generator.generate(short, GREEDY)).token_ids) == 3
+    await generator.close()
+
+
+def test_kv_cache_budget_is_a_share_of_free_gpu_memory_when_unset(tiny_policy, monkeypatch):
+    import loop.generators.hf as hf
+
+    assert HFGenerator(tiny_policy).cache.budget_bytes == hf.CPU_KV_CACHE_MB * 2**20
+    assert HFGenerator(tiny_policy, kv_cache_mb=3).cache.budget_bytes == 3 * 2**20
+    free = 40 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
+    on_gpu = Policy(tiny_policy.model, tiny_policy.tokenizer, torch.device("cuda"))
+    assert HFGenerator(on_gpu).cache.budget_bytes == int(hf.KV_FREE_SHARE * free)
+
+
+async def test_release_memory_frees_the_store_and_the_slots_and_sampling_goes_on(tiny_policy):
+    """The trainer calls it before the learner's step: the store and the slots hold nothing
+    after, and the next request samples what it would have from a fresh generator."""
+    generator = HFGenerator(tiny_policy, max_batch_size=4)
+    first = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
+    assert generator.cache.nbytes > 0
+    generator.release_memory()
+    assert generator.cache.nbytes == 0 and generator.engine is not None
+    assert generator.engine.nbytes == 0
+    again = await generator.generate(prompts(3)[1], GREEDY)
+    assert again.token_ids == first[1].token_ids
     await generator.close()

@@ -59,6 +59,9 @@ class PerTask:
     def load_adapter(self, path: Path | None) -> None:
         """Nothing to load."""
 
+    def release_memory(self) -> None:
+        """Nothing to free."""
+
     async def close(self) -> None:
         """Nothing to release."""
 

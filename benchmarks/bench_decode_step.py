@@ -1,0 +1,104 @@
+"""One decode step of the `hf` engine, with and without its fused kernels, in one process.
+
+    python benchmarks/bench_decode_step.py [--rows 8] [--prefix 1500] [--threads 1 2]
+
+SmolLM2-135M + LoRA r16 (B factors random, so the adapter counts), `--rows` rows viewing one
+`--prefix`-token prefix entry (as the quickstart's rollouts view the shared prompt) with 100-170
+own tokens each. Three engines over the same model and the same rows, stepped in turn (order
+alternating, several repeats, medians): `unfused` (each projection module called, attention as
+matrix products), `projections` (fused projections, attention as matrix products) and `fused`
+(fused projections and the CPU flash kernel for attention); then the sampling of one step
+(`pick_tokens`) and the learner-parity check of the fused engine (max |logit gap| against the
+unfused one on the same rows). Prints ms per step and the ratios to `unfused`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # as a script
+from loop.generators.base import SamplingParams
+from loop.generators.engine import DecoderEngine, Row
+from loop.generators.kvcache import KVStore
+from loop.generators.sampling import pick_tokens
+from loop.model.aliases import resolve_model
+from loop.model.policy import LoraSettings, load_policy
+
+
+def engine_with_rows(
+    model: Any, rows: int, prefix: list[int], fused: bool
+) -> tuple[DecoderEngine, list[Row]]:
+    """An engine whose `rows` rows view `prefix` and hold their own ids (the same per seed)."""
+    engine = DecoderEngine(model, max_rows=rows, fused=fused)
+    store, kv = KVStore(2**31), engine.new_store(len(prefix))
+    engine.prefill(Row(ids=[]), prefix, store=kv)
+    entry = store.add_entry(prefix, kv)
+    ids = torch.Generator().manual_seed(1)
+    active = []
+    for i in range(rows):
+        row = Row(ids=list(prefix), entry=entry, n_prefix=len(prefix))
+        engine.add(row, None)
+        engine.reserve(400)
+        engine.prefill(row, torch.randint(0, 49000, (100 + 10 * i,), generator=ids).tolist())
+        active.append(row)
+    return engine, active
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--prefix", type=int, default=1500)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    policy = load_policy(resolve_model("smollm2-135m"), lora=LoraSettings(rank=16, alpha=32))
+    model = policy.model.eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+    prefix = torch.randint(0, 49000, (args.prefix,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        engines = {
+            "unfused": engine_with_rows(model, args.rows, prefix.tolist(), fused=False),
+            "projections": engine_with_rows(model, args.rows, prefix.tolist(), fused=True),
+            "fused": engine_with_rows(model, args.rows, prefix.tolist(), fused=True),
+        }
+        engines["projections"][0].fused_attention = False
+        tokens = [5] * args.rows
+        logits = {name: engine.decode(rows, tokens) for name, (engine, rows) in engines.items()}
+        gap = (logits["fused"] - logits["unfused"]).abs().max().item()
+        print(f"{args.rows} rows over a {args.prefix}-token prefix; max |logit gap| fused "
+              f"against unfused {gap:.1e}")  # fmt: skip
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            times: dict[str, list[float]] = {name: [] for name in [*engines, "sampling"]}
+            order = list(engines.items())
+            params = [SamplingParams(max_new_tokens=10**6, temperature=1.0) for _ in tokens]
+            for repeat in range(args.repeats):
+                for name, (engine, rows) in order if repeat % 2 else order[::-1]:
+                    start = time.perf_counter()
+                    out = engine.decode(rows, tokens)
+                    times[name].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                pick_tokens(out, params, [None] * len(tokens), [[] for _ in tokens],
+                            [[] for _ in tokens], [None] * len(tokens))  # fmt: skip
+                times["sampling"].append(time.perf_counter() - start)
+            sampling = statistics.median(times.pop("sampling"))
+            base = statistics.median(times["unfused"])
+            line = ", ".join(
+                f"{name} {statistics.median(t) * 1e3:.1f} ms ({base / statistics.median(t):.2f}x)"
+                for name, t in times.items()
+            )
+            print(f"{threads} thread(s): {line}; sampling {sampling * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Fused projections for the `hf` engine: one matrix product where the model has several.
+
+A decode step of a few rows is hundreds of small matrix products (per layer 7 projections and
+14 LoRA factors), each too small to keep a CPU core's vector units busy. The engine runs each
+layer's projections in four groups that share an input (q/k/v, o, gate/up, down). A group's
+weights are the rows of one tensor, `[W_1; ...; W_n; A_1; ...; A_n]` (the base weights, then
+the LoRA A factors), so one product gives every base output and every LoRA hidden value; a
+second, with the block-diagonal of the scaled B factors, adds the LoRA update: 2 products per
+group, 8 per layer instead of 21.
+
+One copy of the weights. A frozen base weight (LoRA's base) becomes a view of its group's
+tensor (its parameter's `.data` is rebound once), so the fused tensor is its only storage and
+the learner computes with the same numbers; the extra memory is the A rows and the B
+block-diagonal (SmolLM2-135M, r=16: 28 MiB in float32, most of it the block-diagonal's zeros).
+A trainable weight (full fine-tuning) is copied into the group's tensor instead, since the
+optimiser and checkpoints need a parameter of its own: a second copy of those weights
+(SmolLM2-135M: 405 MiB in float32). `refresh()` re-reads what may have changed and is called
+whenever the weights' fingerprint changes (each optimiser step, `load_adapter`): it copies the
+A and B factors, the trainable weights and any base weight that is no longer a view (replaced)
+into the tensors allocated the first time.
+
+A group whose modules are not plain `nn.Linear`s or peft LoRA `Linear`s over one, with one
+active adapter and no DoRA, bias on B or merged weights (a 4-bit base, for one), is not fused:
+`Projection.__call__` then calls the modules themselves. With peft's adapters disabled
+(`disable_adapter()`), the LoRA update is left out, as peft leaves it out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class Projection:
+    """The modules of one group (sharing an input), fused when they qualify."""
+
+    def __init__(self, modules: list[Any]):
+        self.modules = modules
+        self.sizes = [_base(m).out_features for m in modules] if _fusable(modules) else []
+        self.lora = [m for m in modules if hasattr(m, "lora_A")]
+        self.weight: Tensor | None = None  # (sum(sizes) + sum(ranks), in)
+        self.lora_b: Tensor | None = None  # (sum(sizes), sum(ranks)), scaled
+        self.bias: Tensor | None = None  # (sum(sizes),) or None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Copy into the fused tensors what may have changed (see the module docstring)."""
+        if not self.sizes or any(m.merged for m in self.lora):
+            self.weight = None  # merged weights already hold the LoRA update: use the modules
+            return
+        bases = [_base(m).weight for m in self.modules]
+        n, ranks = sum(self.sizes), [_adapter(m)[0].weight.shape[0] for m in self.lora]
+        if self.weight is None:
+            self.weight = bases[0].new_empty((n + sum(ranks), bases[0].shape[1]))
+            self.lora_b = bases[0].new_zeros((n, sum(ranks))) if self.lora else None
+        start, rank_start = 0, n
+        for module, weight in zip(self.modules, bases, strict=True):
+            rows = self.weight[start : start + weight.shape[0]]
+            if weight.data_ptr() != rows.data_ptr():
+                rows.copy_(weight.detach())
+                if not weight.requires_grad:  # frozen: its one copy is now the fused rows
+                    weight.data = rows
+            if module in self.lora:
+                a, b, scaling = _adapter(module)
+                self.weight[rank_start : rank_start + a.weight.shape[0]] = a.weight.detach()
+                assert self.lora_b is not None
+                block = self.lora_b[start : start + weight.shape[0], rank_start - n :]
+                block[:, : a.weight.shape[0]] = b.weight.detach() * scaling
+                rank_start += a.weight.shape[0]
+            start += weight.shape[0]
+        biases = [_base(m).bias for m in self.modules]
+        if all(b is None for b in biases):
+            self.bias = None
+        else:
+            zeros = [torch.zeros_like(w[:, 0]) for w in bases]
+            parts = [z if b is None else b.detach() for b, z in zip(biases, zeros, strict=True)]
+            self.bias = torch.cat(parts)
+
+    def __call__(self, x: Tensor) -> list[Tensor]:
+        """x: (..., in) -> each module's output (..., out_i), in the group's order."""
+        if self.weight is None:
+            return [module(x) for module in self.modules]
+        n = sum(self.sizes)
+        hidden = torch.nn.functional.linear(x, self.weight)  # (..., n + R)
+        out = hidden[..., :n]
+        if self.lora_b is not None and not self.lora[0].disable_adapters:
+            flat = torch.addmm(
+                out.reshape(-1, n),
+                hidden[..., n:].reshape(-1, hidden.shape[-1] - n),
+                self.lora_b.t(),
+            )
+            out = flat.view(*x.shape[:-1], n)
+        if self.bias is not None:
+            out = out + self.bias
+        return list(out.split(self.sizes, dim=-1))
+
+
+class LayerProjections:
+    """One decoder layer's four groups: q/k/v, o, gate/up, down."""
+
+    def __init__(self, layer: Any):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = Projection([attn.o_proj])
+        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj])
+        self.down = Projection([mlp.down_proj])
+        self.act_fn = mlp.act_fn
+
+    def refresh(self) -> None:
+        for group in (self.qkv, self.o, self.gate_up, self.down):
+            group.refresh()
+
+    def mlp(self, x: Tensor) -> Tensor:
+        """The gated MLP: down(act(gate(x)) * up(x))."""
+        gate, up = self.gate_up(x)
+        return self.down(self.act_fn(gate) * up)[0]
+
+
+def _base(module: Any) -> Any:
+    return getattr(module, "base_layer", module)
+
+
+def _adapter(module: Any) -> tuple[Any, Any, float]:
+    """The active adapter's A, B and scaling of a peft LoRA `Linear`."""
+    name = module.active_adapters[0]
+    return module.lora_A[name], module.lora_B[name], module.scaling[name]
+
+
+def _fusable(modules: list[Any]) -> bool:
+    """Plain linears, or peft LoRA linears over one with one plain active adapter."""
+    for module in modules:
+        if type(_base(module)) is not torch.nn.Linear:
+            return False
+        if hasattr(module, "lora_A"):
+            if len(module.active_adapters) != 1 or any(module.use_dora.values()):
+                return False
+            if _adapter(module)[1].bias is not None:
+                return False
+        elif module is not _base(module):
+            return False
+    return True

@@ -1,0 +1,107 @@
+"""The `hf` engine's fused projections (`loop/generators/fused.py`) against the modules they fuse.
+
+Each group (q/k/v, o, gate/up, down) must give what its modules give, LoRA included, after the
+weights change (an optimiser step, then `refresh()`) and with the adapters disabled; a frozen
+base weight must become a view of the fused rows (one copy of the weights), a trainable one
+must keep its own storage.
+
+Run: python -m pytest tests/loop/test_fused.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loop.generators.fused import LayerProjections
+from loop.model.policy import LoraSettings, policy_from_model
+from tests.loop.conftest import tiny_llama, tiny_tokenizer
+from tests.loop.test_kv_reuse import tiny_model
+
+
+def lora_model(model_type: str, targets: str | tuple[str, ...] = "all-linear"):
+    """A tiny model of `model_type` with LoRA whose B factors are not zero (so it counts)."""
+    model = tiny_llama() if model_type == "llama" else tiny_model(model_type)
+    lora = LoraSettings(rank=4, alpha=8, target_modules=targets)
+    policy = policy_from_model(model, tiny_tokenizer(), torch.device("cpu"), lora=lora)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    return policy.model.eval()
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to float32 rounding, relative to the output's scale (the tiny models' random
+    weights give outputs in the thousands)."""
+    return bool((got - want).abs().max() <= 1e-5 * want.abs().max())
+
+
+def assert_groups_equal_modules(layer, projections: LayerProjections) -> None:
+    x = torch.randn(3, 5, layer.self_attn.q_proj.in_features)
+    attn, mlp = layer.self_attn, layer.mlp
+    with torch.no_grad():
+        fused = [*projections.qkv(x), projections.o(x)[0], projections.mlp(x)]
+        modules = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.o_proj(x), mlp(x)]
+    for got, want in zip(fused, modules, strict=True):
+        assert got.shape == want.shape
+        assert close(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "targets"),
+    [("llama", "all-linear"), ("qwen2", "all-linear"), ("qwen2", ("q_proj", "v_proj", "up_proj"))],
+)
+def test_each_group_equals_its_modules_with_lora_biases_and_partial_targets(model_type, targets):
+    model = lora_model(model_type, targets)
+    for layer in model.base_model.model.model.layers:
+        assert_groups_equal_modules(layer, LayerProjections(layer))
+
+
+def test_frozen_base_weights_become_views_and_trainable_ones_keep_their_storage() -> None:
+    model = lora_model("llama")
+    layer = model.base_model.model.model.layers[0]
+    projections = LayerProjections(layer)
+    rows = projections.qkv.weight
+    assert rows is not None and rows.shape[0] == 64 + 32 + 32 + 3 * 4  # q, k, v, then 3 A's
+    k_weight = layer.self_attn.k_proj.base_layer.weight
+    assert k_weight.data_ptr() == rows[64].data_ptr()  # one copy: k's rows are its storage
+    plain = tiny_llama().eval()
+    plain_layer = plain.model.layers[0]
+    plain_projections = LayerProjections(plain_layer)
+    assert plain_projections.qkv.weight is not None
+    assert (
+        plain_layer.self_attn.k_proj.weight.data_ptr()
+        != plain_projections.qkv.weight[64].data_ptr()
+    )
+    assert_groups_equal_modules(plain_layer, plain_projections)
+
+
+def test_refresh_sees_an_optimizer_step_and_a_disabled_adapter_is_left_out() -> None:
+    model = lora_model("qwen2")
+    layer = model.base_model.model.model.layers[1]
+    projections = LayerProjections(layer)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    for parameter in trained:
+        parameter.grad = torch.ones_like(parameter)
+    torch.optim.SGD(trained, lr=0.3).step()
+    x = torch.randn(2, 1, 64)
+    with torch.no_grad():
+        stale = projections.qkv(x)[0]
+        assert not close(stale, layer.self_attn.q_proj(x))  # before refresh
+    projections.refresh()
+    assert_groups_equal_modules(layer, projections)
+    with model.disable_adapter(), torch.no_grad():
+        base = layer.self_attn.q_proj.base_layer(x)
+        assert close(projections.qkv(x)[0], base)
+        assert close(projections.mlp(x), layer.mlp(x))
+
+
+def test_groups_that_do_not_qualify_call_their_modules() -> None:
+    model = tiny_llama().eval()
+    layer = model.model.layers[0]
+    layer.mlp.down_proj = torch.nn.Sequential(layer.mlp.down_proj)  # not a plain linear
+    projections = LayerProjections(layer)
+    assert projections.down.weight is None and projections.gate_up.weight is not None
+    assert_groups_equal_modules(layer, projections)
