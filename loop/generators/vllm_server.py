@@ -187,6 +187,9 @@ class VLLMServerGenerator:
             if not self._using[previous]:
                 self._unload(previous)
 
+    def release_memory(self) -> None:
+        """Nothing: the servers' memory is not the learners'."""
+
     async def close(self) -> None:
         """Close the clients and stop the servers started here (attached ones keep running)."""
         for server in self.servers:
