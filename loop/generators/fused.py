@@ -12,11 +12,11 @@ One copy of the weights. A frozen base weight (LoRA's base) becomes a view of it
 tensor (its parameter's `.data` is rebound once), so the fused tensor is its only storage and
 the learner computes with the same numbers; the extra memory is the A rows and the B
 block-diagonal (SmolLM2-135M, r=16: 28 MiB in float32, most of it the block-diagonal's zeros).
-A trainable weight (full fine-tuning) is copied into the group's tensor instead, since the
-optimiser and checkpoints need a parameter of its own: a second copy of those weights
-(SmolLM2-135M: 405 MiB in float32). `refresh()` re-reads what may have changed and is called
-whenever the weights' fingerprint changes (each optimiser step, `load_adapter`): it copies the
-A and B factors, the trainable weights and any base weight that is no longer a view (replaced)
+A group with a trainable base weight (full fine-tuning) is not fused: its parameter must stay
+the optimiser's own, and a fused copy would be a second copy of the model (15 GiB for a 7B
+model in bfloat16); the modules are called instead. `refresh()` re-reads what may have changed
+and is called whenever the weights' fingerprint changes (each optimiser step, `load_adapter`):
+it copies the A and B factors and any base weight that is no longer a view (replaced)
 into the tensors allocated the first time.
 
 A group whose modules are not plain `nn.Linear`s or peft LoRA `Linear`s over one, with one
@@ -129,9 +129,9 @@ def _adapter(module: Any) -> tuple[Any, Any, float]:
 
 
 def _fusable(modules: list[Any]) -> bool:
-    """Plain linears, or peft LoRA linears over one with one plain active adapter."""
+    """Plain frozen linears, or peft LoRA linears over one with one plain active adapter."""
     for module in modules:
-        if type(_base(module)) is not torch.nn.Linear:
+        if type(_base(module)) is not torch.nn.Linear or _base(module).weight.requires_grad:
             return False
         if hasattr(module, "lora_A"):
             if len(module.active_adapters) != 1 or any(module.use_dora.values()):

@@ -2,8 +2,8 @@
 
 Each group (q/k/v, o, gate/up, down) must give what its modules give, LoRA included, after the
 weights change (an optimiser step, then `refresh()`) and with the adapters disabled; a frozen
-base weight must become a view of the fused rows (one copy of the weights), a trainable one
-must keep its own storage.
+base weight must become a view of the fused rows (one copy of the weights), and a group with a
+trainable one (full fine-tuning) is not fused (no second copy of the model).
 
 Run: python -m pytest tests/loop/test_fused.py -q
 """
@@ -59,7 +59,7 @@ def test_each_group_equals_its_modules_with_lora_biases_and_partial_targets(mode
         assert_groups_equal_modules(layer, LayerProjections(layer))
 
 
-def test_frozen_base_weights_become_views_and_trainable_ones_keep_their_storage() -> None:
+def test_frozen_base_weights_become_views_and_trainable_ones_are_not_fused() -> None:
     model = lora_model("llama")
     layer = model.base_model.model.model.layers[0]
     projections = LayerProjections(layer)
@@ -69,13 +69,15 @@ def test_frozen_base_weights_become_views_and_trainable_ones_keep_their_storage(
     assert k_weight.data_ptr() == rows[64].data_ptr()  # one copy: k's rows are its storage
     plain = tiny_llama().eval()
     plain_layer = plain.model.layers[0]
-    plain_projections = LayerProjections(plain_layer)
-    assert plain_projections.qkv.weight is not None
-    assert (
-        plain_layer.self_attn.k_proj.weight.data_ptr()
-        != plain_projections.qkv.weight[64].data_ptr()
-    )
+    plain_projections = LayerProjections(plain_layer)  # its weights train: called, not copied
+    assert all(g.weight is None for g in (plain_projections.qkv, plain_projections.down))
     assert_groups_equal_modules(plain_layer, plain_projections)
+    for parameter in plain.parameters():
+        parameter.requires_grad_(False)
+    frozen = LayerProjections(plain_layer)
+    assert frozen.qkv.weight is not None
+    assert plain_layer.self_attn.k_proj.weight.data_ptr() == frozen.qkv.weight[64].data_ptr()
+    assert_groups_equal_modules(plain_layer, frozen)
 
 
 def test_refresh_sees_an_optimizer_step_and_a_disabled_adapter_is_left_out() -> None:
@@ -99,7 +101,7 @@ def test_refresh_sees_an_optimizer_step_and_a_disabled_adapter_is_left_out() -> 
 
 
 def test_groups_that_do_not_qualify_call_their_modules() -> None:
-    model = tiny_llama().eval()
+    model = tiny_llama().eval().requires_grad_(False)
     layer = model.model.layers[0]
     layer.mlp.down_proj = torch.nn.Sequential(layer.mlp.down_proj)  # not a plain linear
     projections = LayerProjections(layer)
