@@ -432,12 +432,14 @@ def section_engine(out: Out) -> None:
 
     from loop.generators.base import Generation, SamplingParams
     from loop.generators.hf import HFGenerator
-    from loop.model.policy import policy_from_model
+    from loop.model.policy import LoraSettings, policy_from_model
 
     rows, prompt_len, new = (4, 300, 16) if out.tiny else (32, 8100, 32)
     model = build_model("qwen2.5-7b", out.tiny)
     model.eval()
-    policy = policy_from_model(model, tokenizer(64), device(out.tiny))
+    # LoRA on a frozen base, as in training: the engine's fused projections run
+    lora = LoraSettings(rank=16, alpha=32)
+    policy = policy_from_model(model, tokenizer(64), device(out.tiny), lora=lora)
     vocab = model.config.vocab_size
     weights = allocated_gib(out.tiny)
     for store_mb, cap in (ENGINE_RUNS[name] for name in out.engine_runs):
@@ -538,11 +540,12 @@ def section_parity(out: Out) -> None:
     from loop.generators.base import SamplingParams
     from loop.generators.hf import HFGenerator
     from loop.learner.logprobs import token_logprobs
-    from loop.model.policy import policy_from_model
+    from loop.model.policy import LoraSettings, policy_from_model
 
     model = build_model("qwen2.5-0.5b", out.tiny)
     model.eval()
-    policy = policy_from_model(model, tokenizer(64), device(out.tiny))
+    lora = LoraSettings(rank=16, alpha=32)  # the frozen base + LoRA of training (fused sampling)
+    policy = policy_from_model(model, tokenizer(64), device(out.tiny), lora=lora)
     vocab, rows, new = model.config.vocab_size, 8, 128
     prompts = [torch.randint(4, vocab, (512,)).tolist() for _ in range(rows)]
     head = model.get_output_embeddings().weight
