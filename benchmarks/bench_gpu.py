@@ -86,6 +86,7 @@ H100_BYTES = 80e9  # an H100 SXM's memory, for the capped engine run
 PARITY_SCALES = (4.0, 8.0)  # LM-head scales: next-token entropies of 9 and 1.3 nats on 0.5B
 ENGINE_RUNS = {  # the engine section's runs: (kv_cache_mb, memory cap in bytes)
     "default": (1024, None), "slots": (0, None), "slots-h100": (0, H100_BYTES),
+    "auto": (None, None),  # kv_cache_mb unset: the budget from the GPU's free memory
 }  # fmt: skip
 
 
@@ -431,7 +432,7 @@ def section_engine(out: Out) -> None:
     import torch
 
     from loop.generators.base import Generation, SamplingParams
-    from loop.generators.hf import HFGenerator
+    from loop.generators.hf import HFGenerator, kv_cache_budget_mb
     from loop.model.policy import LoraSettings, policy_from_model
 
     rows, prompt_len, new = (4, 300, 16) if out.tiny else (32, 8100, 32)
@@ -448,6 +449,8 @@ def section_engine(out: Out) -> None:
                 continue
             total = torch.cuda.get_device_properties(0).total_memory
             torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0))
+        if store_mb is None:  # what an unset kv_cache_mb comes to here
+            store_mb = round(kv_cache_budget_mb(policy.device))
         generator = HFGenerator(policy, max_batch_size=rows, kv_cache_mb=store_mb)
         prompts = [
             torch.randint(4, vocab, (prompt_len,), generator=torch.Generator().manual_seed(i))
