@@ -175,12 +175,20 @@ def _loop_cap_output(max_chars, dropped_mime):  # type: ignore[no-untyped-def]
         state["left"] = 0
         return kept
 
-    def capped_write(write):
+    last = {"stream": None}
+
+    def capped_write(stream, write):
         def write_capped(text):
             if not isinstance(text, str):
                 return write(text)  # the stream raises its own TypeError
             kept = take(text)
             if kept:
+                # Each stream buffers on its own and flushes on a timer: flush the other one
+                # when the writer switches, so stdout and stderr arrive in the order written.
+                previous = last["stream"]
+                if previous is not None and previous is not stream:
+                    previous.flush()
+                last["stream"] = stream
                 write(kept)
             return len(text)
 
@@ -192,7 +200,7 @@ def _loop_cap_output(max_chars, dropped_mime):  # type: ignore[no-untyped-def]
         return {k: take(v) if isinstance(v, str) else v for k, v in data.items()}
 
     for stream in (sys.stdout, sys.stderr):
-        stream.write = capped_write(stream.write)
+        stream.write = capped_write(stream, stream.write)
 
     publish = shell.display_pub.publish
     write_format_data = shell.displayhook.write_format_data

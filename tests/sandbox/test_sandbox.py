@@ -44,6 +44,11 @@ def test_output_shows_streams_then_the_trailing_repr(sb: Sandbox) -> None:
     assert result.duration_s > 0
 
 
+def test_stdout_and_stderr_keep_the_order_they_were_written(sb: Sandbox) -> None:
+    code = "import sys\nfor i in range(20):\n    print(i, file=sys.stderr if i % 3 else sys.stdout)"
+    assert sb.execute(code).output == "".join(f"{i}\n" for i in range(20))
+
+
 def test_statement_without_value_shows_nothing(sb: Sandbox) -> None:
     assert sb.execute("x = 1").output == ""
     assert sb.execute("x = 1;").output == ""
