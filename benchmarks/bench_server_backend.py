@@ -2,28 +2,33 @@
 memory of loading the model in two learner processes.
 
 Run: python benchmarks/bench_server_backend.py              (about 15 min on 2 cores)
-     python benchmarks/bench_server_backend.py --only load  (the memory part, about 1 min)
+     python benchmarks/bench_server_backend.py --only load  (the memory part, about 2 min)
 
 Iteration: `train.py --config configs/quickstart.yaml` for one LOOP iteration (6 tasks x 4
 rollouts, the warm start from the cache, no evaluation), once with `generator.backend=hf` and
 once with `vllm_server` (one vLLM CPU server that the trainer starts), back to back in one run;
 the figures are the trainer's own (`time/rollout_s`, `time/learn_s`, `time/sync_s`,
 `time/iteration_s` in metrics.jsonl) plus the whole command's wall time, which for the server
-includes its start-up. Load: `torchrun --nproc-per-node 2` processes that each load the policy
-(LoRA on SmolLM2) and shard it with FSDP2, as `train.py` does; each reports its peak RSS
-(ru_maxrss) and its unique set size after sharding (USS: memory no other process shares; the
-safetensors weights are memory-mapped, so their pages are shared through the page cache).
+includes its start-up. Load: `torchrun --nproc-per-node 2` processes load the policy (LoRA on
+SmolLM2) and shard it with FSDP2, two ways, in float32 (the checkpoint's dtype: its
+safetensors pages are mapped, not copied) and in bfloat16 (a converted copy): `whole`, each
+process loads the whole model and shards it (before); `lean`, as `train.py` does now, each
+builds it on the meta device and rank 0 alone reads the weights and sends the shards. Each
+process reports its peak RSS (ru_maxrss, which counts mapped file pages), its peak anonymous
+memory (RssAnon sampled every 2 ms: what no page cache can give back) and its unique set size
+after sharding (USS: memory no other process shares).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import os
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -72,26 +77,64 @@ def time_iteration(backend: str, out: Path) -> dict[str, float]:
     return {key: record[key] for key in keys} | {"wall_s": wall, "tokens_per_s": generated}
 
 
-def load_worker() -> None:
-    """Under torchrun: load and shard the policy as train.py does; print this rank's memory."""
+class AnonPeak:
+    """The peak of this process's anonymous resident memory, sampled in a thread."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while self.running:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            time.sleep(0.002)
+
+    def stop(self) -> int:
+        self.running = False
+        self.thread.join()
+        return self.peak
+
+
+def load_worker(way: str, dtype: str) -> None:
+    """Under torchrun: load and shard the policy `way` (whole | lean); print this rank's memory."""
+    import peft  # noqa: F401  (the runtime before any weights: its memory is the baseline)
     import psutil
 
     from loop.model import distributed
     from loop.model.policy import LoraSettings, load_policy
 
     distributed.init_from_env(collective_timeout_s=600, wait_timeout_s=600)
-    policy = load_policy("smollm2-135m", dtype="float32", device="cpu", lora=LoraSettings(16, 32))
-    distributed.shard_model(policy.model)
+    anon = AnonPeak()
+    time.sleep(0.05)
+    base = anon.peak
+    lora = LoraSettings(16, 32)
+    if way == "lean":
+        policy = load_policy("smollm2-135m", dtype=dtype, lora=lora, empty=True)
+        weights = None
+        if distributed.is_main():  # rank 0 alone reads the weights
+            weights = load_policy("smollm2-135m", dtype=dtype, lora=lora).model.state_dict()
+        distributed.shard_model(policy.model, weights)
+        del weights
+    else:
+        policy = load_policy("smollm2-135m", dtype=dtype, lora=lora)
+        distributed.shard_model(policy.model)
+    gc.collect()
     uss = psutil.Process().memory_full_info().uss
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"rank": int(os.environ["RANK"]), "peak_rss": peak, "uss": uss}))
+    record = {"rank": distributed.rank(), "peak_rss": peak, "peak_anon": anon.stop(), "uss": uss,
+              "base_anon": base}  # fmt: skip
+    print(json.dumps(record))
     distributed.shutdown()
 
 
-def measure_load() -> list[dict[str, float]]:
+def measure_load(way: str, dtype: str) -> list[dict[str, float]]:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        __file__, "--load-worker",
+        __file__, "--load-worker", way, dtype,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode:
@@ -102,10 +145,10 @@ def measure_load() -> list[dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["iteration", "load"])
-    parser.add_argument("--load-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--load-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load_worker:
-        load_worker()
+        load_worker(*args.load_worker)
         return
     if args.only != "load":
         with tempfile.TemporaryDirectory() as tmp:
@@ -126,11 +169,28 @@ def main() -> None:
             f"command {server['wall_s'] / hf['wall_s']:.2f}x"
         )
     if args.only != "iteration":
-        for rank in sorted(measure_load(), key=lambda r: r["rank"]):
-            print(
-                f"load, rank {rank['rank']} of 2: peak RSS {rank['peak_rss'] / 2**20:.0f} MiB, "
-                f"unique after sharding {rank['uss'] / 2**20:.0f} MiB"
-            )
+        print("| dtype | load | rank | peak RSS MiB | peak anonymous MiB (above the runtime's) "
+              "| unique after MiB |")  # fmt: skip
+        print("|---|---|---|---|---|---|")
+        for dtype in ("float32", "bfloat16"):
+            totals = {}
+            for way in ("whole", "lean"):
+                ranks = sorted(measure_load(way, dtype), key=lambda r: r["rank"])
+                for r in ranks:
+                    print(
+                        f"| {dtype} | {way} | {r['rank']} | {r['peak_rss'] / 2**20:.0f} | "
+                        f"{r['peak_anon'] / 2**20:.0f} "
+                        f"({(r['peak_anon'] - r['base_anon']) / 2**20:.0f}) | "
+                        f"{r['uss'] / 2**20:.0f} |"
+                    )
+                totals[way] = [
+                    sum(r["peak_rss"] for r in ranks),
+                    sum(r["peak_anon"] for r in ranks),
+                    sum(r["peak_anon"] - r["base_anon"] for r in ranks),
+                ]
+            rss, anon, above = (totals["lean"][i] / totals["whole"][i] for i in range(3))
+            print(f"{dtype}: lean / whole, both ranks' sum: peak RSS {rss:.2f}x, "
+                  f"peak anonymous {anon:.2f}x ({above:.2f}x above the runtime's)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -150,16 +151,24 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
             dropout=config.model.lora_dropout,
             target_modules=config.model.lora_target_modules,
         )
-    policy = load_policy(
+    load = functools.partial(
+        load_policy,
         config.model.name,
         dtype=config.model.dtype,
-        device=config.model.device,
         attn_implementation=config.model.attn_implementation,
         lora=lora,
         load_in_4bit=config.model.load_in_4bit,
         gradient_checkpointing=config.model.gradient_checkpointing,
     )
-    distributed.shard_model(policy.model)  # FSDP2 with several processes; else nothing
+    if distributed.is_distributed():
+        # FSDP2, lean: every process builds the model on the meta device, rank 0 alone reads
+        # the weights (on the CPU) and sends each process its shards.
+        policy = load(device=config.model.device, empty=True)
+        weights = load(device="cpu").model.state_dict() if distributed.is_main() else None
+        distributed.shard_model(policy.model, weights)
+        del weights
+    else:
+        policy = load(device=config.model.device)
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
     generator: Generator = _IdleGenerator()

@@ -98,6 +98,11 @@ def check_run(config: RunConfig, world_size: int) -> None:
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
     if world_size > 1 and config.train.advantage in CRITIC_ADVANTAGES:
         raise ConfigError(f"train.advantage {config.train.advantage}: one learner process only")
+    if world_size > 1 and config.model.load_in_4bit:
+        raise ConfigError(
+            "model.load_in_4bit: one learner process only (FSDP2 shards floating-point "
+            "weights; several processes shard a bfloat16 base instead)"
+        )
     if world_size > 1 and config.agent.memory_turns is not None:
         raise ConfigError("agent.memory_turns: one learner process only")
     suite = suite_class(config.suite)

@@ -39,6 +39,7 @@ works.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -179,14 +180,19 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def shard_model(model: Any) -> Any:
+def shard_model(model: Any, weights: dict[str, Tensor] | None = None) -> Any:
     """Shard `model` in place with FSDP2 across the process group; the identity in one process.
 
-    `model` is a transformers causal LM or a peft model wrapping one, on this process's device.
-    Rank 0's trainable parameters are broadcast first (`fully_shard` keeps each rank's own slice
-    of its local tensor, so the ranks must agree; a seeded LoRA init already does). Afterwards
-    every parameter is a DTensor holding this rank's shard: build the optimizer after this call,
-    and gather with `full_state_dict` to save.
+    `model` is a transformers causal LM or a peft model wrapping one, either loaded on this
+    process's device (every rank holds the whole model until it is sharded), or, the lean way,
+    built with its parameters on the meta device (`load_policy(..., empty=True)`) with rank 0
+    passing the whole state dict as `weights` (on the CPU; the other ranks pass None): then each
+    rank allocates only its shards and receives them from rank 0 one tensor at a time, so host
+    memory holds the model about once (rank 0's copy) instead of once per rank, and no GPU holds
+    it whole. Loaded models get rank 0's trainable parameters broadcast first (`fully_shard`
+    keeps each rank's own slice of its local tensor, so the ranks must agree; a seeded LoRA init
+    already does). Afterwards every parameter is a DTensor holding this rank's shard: build the
+    optimizer after this call, and gather with `full_state_dict` to save.
     """
     if not is_distributed():
         return model
@@ -199,7 +205,12 @@ def shard_model(model: Any) -> Any:
         raise ValueError(f"cannot shard {type(causal_lm).__name__}: not a *ForCausalLM model")
     if any(not p.is_floating_point() for p in model.parameters()):
         raise ValueError("a 4-bit base cannot be sharded here: use one process or bfloat16")
-    _broadcast_trainable(model)
+    empty = any(p.is_meta for p in model.parameters())
+    if empty and is_main() and weights is None:
+        raise ValueError("shard_model: a model on the meta device needs rank 0's weights")
+    if not empty:
+        _broadcast_trainable(model)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if empty else {}
     # Gradients are reduced in float32 (the reference's policy) and parameters computed in the
     # dtype they are stored in: a bfloat16 base with float32 LoRA weights stays just that.
     policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
@@ -209,6 +220,8 @@ def shard_model(model: Any) -> Any:
     # embedding, run inside the body, puts the head's group under the body's root.
     fully_shard([embed, head], mp_policy=policy, reshard_after_forward=False)
     fully_shard(body, mp_policy=policy)
+    if empty:
+        _receive_shards(model, weights or {}, buffers)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the whole model this GPU held before sharding goes back
     return model
@@ -285,6 +298,47 @@ def _decoder_layers(causal_lm: Any, body: nn.Module) -> list[nn.Module]:
             f"(_no_split_modules={sorted(names)})"
         )
     return layers
+
+
+def _receive_shards(
+    model: nn.Module, weights: dict[str, Tensor], buffers: dict[str, Tensor]
+) -> None:
+    """Give a sharded meta-device model storage for its shards and fill them from rank 0.
+
+    One tensor at a time: rank 0 broadcasts it whole and drops its own reference, every rank
+    keeps its slice. Rank 0's host copy thus shrinks as the shards fill, and no rank holds more
+    than one whole tensor beside its shards."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    gc.collect()  # the model that `weights` came from (modules hold reference cycles)
+    device = _device()
+    model.to_empty(device=device)  # this rank's shards only
+    targets: dict[int, tuple[str, Tensor]] = {}  # tied weights: one tensor, filled once
+    for name, value in model.state_dict(keep_vars=True).items():
+        targets.setdefault(id(value), (name, value))
+    missing = [n for _, (n, _) in targets.items() if n not in weights] if is_main() else []
+    if missing := broadcast_object(missing):
+        raise ValueError(f"rank 0's weights lack {len(missing)} tensor(s), e.g. {missing[0]}")
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():  # not all in the state dict: put back
+            buffer.copy_(buffers[name])
+        for name, target in targets.values():
+            if is_main():
+                whole = weights[name].to(device, target.dtype)
+            else:
+                whole = torch.empty(target.shape, dtype=target.dtype, device=device)
+            dist.broadcast(whole, src=0)
+            if isinstance(target, DTensor):  # this rank's slice, cut locally
+                mine = distribute_tensor(whole, target.device_mesh, target.placements,
+                                         src_data_rank=None)  # fmt: skip
+                target.to_local().copy_(mine.to_local())
+            else:
+                target.copy_(whole)
+            del whole
+            weights.pop(name, None)  # rank 0: the caller's dict lets go of the tensor
+        weights.clear()  # tied names left over
+    # Rank 0's weights drew from the RNG (a seeded LoRA init) and the others' did not.
+    torch.set_rng_state(broadcast_object(torch.get_rng_state()))
 
 
 def _broadcast_trainable(model: nn.Module) -> None:

@@ -71,19 +71,32 @@ def load_policy(
     load_in_4bit: bool = False,
     gradient_checkpointing: bool = False,
     cache_dir: Path | None = None,
+    empty: bool = False,
 ) -> Policy:
     """Load a causal LM by hub id, local path or built-in alias, ready to train and sample.
 
     `device="auto"` picks CUDA when present, else CPU. `attn_implementation` is passed to
     transformers as is (`"sdpa"`, `"eager"`, `"flash_attention_2"`; None: its default).
     `load_in_4bit` loads an NF4-quantised base (bitsandbytes, CUDA only) computing in `dtype`.
+    `empty` reads no weights: the model is built from its config with every parameter on the
+    meta device (buffers, such as rotary frequencies, are real), to be filled by
+    `loop.model.distributed.shard_model` from rank 0's weights.
     """
     torch_dtype = _check_dtype(dtype)
     torch_device = _check_device(device)
+    if empty and load_in_4bit:
+        raise ValueError("load_in_4bit cannot build an empty model (it quantises while reading)")
     quantization = _bnb_4bit_config(torch_dtype, torch_device) if load_in_4bit else None
     path = resolve_model(model, cache_dir)
     _check_model_path(path)
     tokenizer = _load_tokenizer(path)
+    if empty:  # no random draws (LoRA init included): the RNG stream is a loaded model's
+        with torch.random.fork_rng(devices=[]):
+            hf_model = _empty_model(path, torch_dtype, attn_implementation)
+            return policy_from_model(
+                hf_model, tokenizer, torch_device, lora=lora,
+                gradient_checkpointing=gradient_checkpointing,
+            )  # fmt: skip
     hf_model = _load_model(path, torch_dtype, torch_device, attn_implementation, quantization)
     if load_in_4bit:
         freeze_base(hf_model)
@@ -193,6 +206,25 @@ def _load_model(
         raise ValueError(f"cannot load model {path!r}: {one_line(exc)}") from None
     if quantization is None:
         model.to(device)
+    return model
+
+
+def _empty_model(path: str, dtype: torch.dtype, attn_implementation: str | None) -> Any:
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        config = AutoConfig.from_pretrained(path)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ValueError(f"cannot build model {path!r}: {one_line(exc)}") from None
+    # Tied as from_pretrained ties them (inside the context above a tie would make a new
+    # meta parameter, not share one).
+    model.tie_weights()
     return model
 
 

@@ -215,6 +215,7 @@ def test_the_clis_print_the_config_docs(cli: str) -> None:
         ),
         (["generator.devices=[3,4,5,6]", "generator.tensor_parallel_size=4"], 4, "(GPU 3)"),
         (["train.collective_timeout_s=0"], 1, "must be > 0"),
+        (["model.load_in_4bit=true", "model.device=cuda"], 2, "load_in_4bit: one learner"),
     ],
 )
 def test_engine_devices_and_timeouts_are_checked(

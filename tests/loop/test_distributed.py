@@ -7,11 +7,13 @@ or the 2-process half alone: PYTHONPATH=. torchrun --nproc-per-node 2 \
 
 The test launches this file under torchrun (`--nproc-per-node 2`, gloo on CPU), which is how a
 user launches train.py, so `distributed.init_from_env` reads the launcher's environment. Each
-process shards the tiny Llama with `distributed.shard_model`, takes its half of four rollouts
-(as the trainer shards them), recomputes the old log-probs and runs one `Learner` optimizer
-step over the global minibatch of four; then the shards are gathered (`full_state_dict`) and
-saved through `checkpoint.save_weights`, and the optimizer state is gathered and reloaded into
-a fresh optimizer (`optimizer_state_dict`, `load_optimizer_state_dict`: what a resume does).
+process shards the tiny Llama with `distributed.shard_model` the trainer's lean way (built on
+the meta device, rank 0's weights sent as shards: tied weights must stay tied), takes its half
+of four rollouts (as the trainer shards them), recomputes the old log-probs and runs one
+`Learner` optimizer step over the global minibatch of four; then the shards are gathered
+(`full_state_dict`) and saved through `checkpoint.save_weights`, and the optimizer state is
+gathered and reloaded into a fresh optimizer (`optimizer_state_dict`,
+`load_optimizer_state_dict`: what a resume does).
 The test runs the same cases in its own process without a process group and compares: old
 log-probs, loss, gradient norm, the gradients themselves, AdamW's moments, the updated weights,
 and the saved adapter or model files. Three cases cover what sharding can get wrong:
@@ -37,11 +39,12 @@ from typing import Any
 
 import pytest
 import torch
+from accelerate import init_empty_weights
 
 from loop.learner.batch import Sample
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
-from loop.model import checkpoint, distributed
+from loop.model import aliases, checkpoint, distributed
 from loop.model.policy import LoraSettings, Policy, _wrap_lora
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 
@@ -72,9 +75,19 @@ CASES = (
 )
 
 
-def make_policy(case: Case) -> Policy:
-    """The tiny Llama of `case`, identical in every process (seeded)."""
-    model = tiny_llama(tie_word_embeddings=case.tied).to(case.dtype)
+def make_policy(case: Case, *, empty: bool = False) -> Policy:
+    """The tiny Llama of `case`, identical in every process (seeded); with `empty`, its
+    parameters on the meta device, as `load_policy(..., empty=True)` builds them."""
+    if empty:
+        with torch.random.fork_rng(devices=[]):
+            with init_empty_weights(include_buffers=False):
+                model = tiny_llama(tie_word_embeddings=case.tied)
+            model.tie_weights()
+            return _finish_policy(case, model.to(case.dtype))
+    return _finish_policy(case, tiny_llama(tie_word_embeddings=case.tied).to(case.dtype))
+
+
+def _finish_policy(case: Case, model: Any) -> Policy:
     if case.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -112,8 +125,15 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
 
     Returns, on rank 0, what the test compares; `{}` on the other ranks.
     """
-    policy = make_policy(case)
-    distributed.shard_model(policy.model)
+    if distributed.is_distributed():  # the trainer's lean load: rank 0 reads, the others receive
+        policy = make_policy(case, empty=True)
+        weights = make_policy(case).model.state_dict() if distributed.is_main() else None
+        distributed.shard_model(policy.model, weights)
+    else:
+        policy = make_policy(case)
+    causal_lm = aliases.causal_lm(policy.model)
+    tied = causal_lm.get_input_embeddings().weight is causal_lm.get_output_embeddings().weight
+    assert tied == case.tied, f"{case.name}: tied weights {'lost' if case.tied else 'made'}"
     learner = Learner(
         policy,
         LearnerSettings(
@@ -195,7 +215,8 @@ def _gather_objects(obj: Any) -> list[Any]:
 
 
 def count_steps() -> int:
-    """Optimizer steps of one epoch over 8 rollouts in global minibatches of 4 (2 expected)."""
+    """Optimizer steps of one epoch over 8 rollouts in global minibatches of 4 (2 expected);
+    the model loaded whole in every process and then sharded (the other way to shard)."""
     policy = make_policy(CASES[0])
     distributed.shard_model(policy.model)
     learner = Learner(policy, LearnerSettings(lr=LR, weight_decay=0.0, epochs=1, minibatch_size=4))
