@@ -43,6 +43,13 @@ Sections, in order (the cheapest and most likely to break first):
   own `load_policy`, the trainer's stress test at 8K and one optimizer step, peak memory.
 - `learner32b`: the learner on Qwen2.5-32B with LoRA at 8K and 16K tokens (its 64 layers when
   they fit the card with room for activations, else as many as fit, said in the output).
+- `server` (where vLLM is installed): the trainer's server backend on Qwen2.5-0.5B's shape
+  (`--tiny`: a 2-layer model with 64-wide heads, which vLLM's CPU kernels take): one vLLM
+  OpenAI server started by `ServerProcess` (scrubbed environment, the first GPU), a LoRA
+  adapter with random non-zero factors published twice the trainer's way (`publish_weights`:
+  atomic directory, a new name and cache salt per version), start-up and publication times,
+  and the server's sampling log-probs against the learner's recompute (`token_logprobs`) of
+  the same tokens through the same adapter.
 """
 
 from __future__ import annotations
@@ -76,11 +83,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
 SECTIONS = (
-    "env", "sdpa", "learner", "logprobs", "engine", "parity", "learner32b", "fourbit", "skipped",
+    "env", "sdpa", "learner", "logprobs", "engine", "parity", "learner32b", "fourbit", "server",
+    "skipped",
 )  # fmt: skip
 TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one device call)
     "env": 60, "sdpa": 60, "learner": 150, "logprobs": 60, "engine": 180, "parity": 60,
-    "learner32b": 120, "fourbit": 120, "skipped": 30,
+    "learner32b": 120, "fourbit": 120, "server": 300, "skipped": 30,
 }  # fmt: skip
 H100_BYTES = 80e9  # an H100 SXM's memory, for the capped engine run
 PARITY_SCALES = (4.0, 8.0)  # LM-head scales: next-token entropies of 9 and 1.3 nats on 0.5B
@@ -626,6 +634,93 @@ def section_fourbit(out: Out) -> None:
                 step_peak_gib=peak_gib(out.tiny))  # fmt: skip
 
 
+SERVER_TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                   tie_word_embeddings=False)  # fmt: skip
+
+
+def section_server(out: Out) -> None:
+    import asyncio
+    import importlib.util
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from loop.generators.base import SamplingParams
+    from loop.generators.server_process import ServerProcess
+    from loop.generators.sync import publish_weights
+    from loop.generators.vllm_server import VLLMServerGenerator
+    from loop.learner.logprobs import token_logprobs
+    from loop.model.policy import LoraSettings, policy_from_model
+
+    if importlib.util.find_spec("vllm") is None:
+        out.row(skipped="vLLM is not installed here")
+        return
+    dtype = "float32" if out.tiny else "bfloat16"
+    dims = SERVER_TINY if out.tiny else SHAPES["qwen2.5-0.5b"]
+    config = Qwen2Config(
+        **dims, max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
+        use_sliding_window=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
+    lora = LoraSettings(rank=16, alpha=32)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model.save_pretrained(root / "model")
+        tokenizer(config.vocab_size).save_pretrained(root / "model")
+        policy = policy_from_model(model.to(device(out.tiny)), tokenizer(config.vocab_size),
+                                   device(out.tiny), lora=lora)  # fmt: skip
+        args = [
+            "--model", str(root / "model"), "--served-model-name", "base", "--dtype", dtype,
+            "--max-model-len", "2048", "--seed", "0", "--enable-prefix-caching",
+            "--gpu-memory-utilization", "0.1" if out.tiny else "0.3",
+            "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
+            "--generation-config", "vllm", "--enable-lora", "--max-lora-rank", "16",
+            "--max-loras", "2", *(["--enforce-eager"] if out.tiny else []),
+        ]  # fmt: skip
+        process = ServerProcess(args, log_path=root / "server.log", devices=[] if out.tiny
+                                else [0], on_gpu=not out.tiny)  # fmt: skip
+        started = time.perf_counter()
+        generator = VLLMServerGenerator(base_model="base", adapter_prefix="smoke",
+                                        processes=[process], start_timeout_s=240)  # fmt: skip
+        start_s = time.perf_counter() - started
+
+        async def publish_and_sample() -> None:  # one event loop: the client binds to it
+            for version in (1, 2):
+                with torch.no_grad():  # non-zero factors, new ones per version
+                    for name, param in policy.model.named_parameters():
+                        if "lora_" in name:
+                            param.copy_(0.05 * torch.randn_like(param))
+                started = time.perf_counter()
+                publish_weights(policy, generator, root / "adapters" / f"v{version}", keep=2)
+                publish_s = time.perf_counter() - started
+                prompts = [torch.randint(4, config.vocab_size, (256,)).tolist() for _ in range(4)]
+                params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=1)
+                generations = await asyncio.gather(*(generator.generate(p, params)
+                                                     for p in prompts))  # fmt: skip
+                diffs = []
+                with torch.no_grad():
+                    for prompt, gen in zip(prompts, generations, strict=True):
+                        ids = torch.tensor([prompt + gen.token_ids], device=device(out.tiny))
+                        mine = token_logprobs(policy.model, ids)[0, len(prompt) :].float().cpu()
+                        diffs.append((mine - torch.tensor(gen.logprobs)).abs())
+                diff = torch.cat(diffs)
+                out.row(dtype=dtype, version=generations[0].metadata["adapter_version"],
+                        start_s=round(start_s, 1), publish_s=round(publish_s, 2),
+                        tokens=int(diff.numel()), abs_logprob_diff_mean=float(diff.mean()),
+                        abs_logprob_diff_max=float(diff.max()))  # fmt: skip
+
+        async def run() -> None:
+            try:
+                await publish_and_sample()
+            finally:
+                await generator.close()
+
+        asyncio.run(run())
+
+
 def section_skipped(out: Out) -> None:
     """What this script does not cover on this machine, said plainly."""
     import importlib.util
@@ -637,7 +732,7 @@ def section_skipped(out: Out) -> None:
         out.row(step="the trainer under torchrun over nccl (FSDP2, killed and resumed)",
                 why=f"needs 2+ GPUs, this machine has {gpus}")  # fmt: skip
     if importlib.util.find_spec("vllm") is None:
-        out.row(step="a vLLM engine: adapter publication and learner-vs-vLLM parity",
+        out.row(step="a vLLM server: adapter publication and learner-vs-server parity",
                 why="vLLM is not installed here")  # fmt: skip
     if out.tiny:
         out.row(step="everything at real sizes", why="--tiny: a 2-layer model on the CPU")

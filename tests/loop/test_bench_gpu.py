@@ -1,11 +1,12 @@
 """benchmarks/bench_gpu.py runs end to end (`--tiny`: its sections on a 2-layer model on the CPU),
 so the script a GPU is lent for works before the GPU is spent on it.
 
-Run: python -m pytest tests/loop/test_bench_gpu.py -q        (`slow`: about 2 minutes)
+Run: python -m pytest tests/loop/test_bench_gpu.py -q        (`slow`: about 4 minutes)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
-    sections = ["env", "sdpa", "learner", "logprobs", "engine", "parity", "skipped"]
+    sections = ["env", "sdpa", "learner", "logprobs", "engine", "parity", "server", "skipped"]
     command = [sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--out", str(tmp_path)]
     done = subprocess.run(
         [*command, "--tiny", "--sections", *sections], capture_output=True, text=True, timeout=900
@@ -37,5 +38,11 @@ def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
     }
     assert all(r["rows_ok"] == r["rows"] for r in by_section["engine"])
     assert all(r["abs_logprob_diff_max"] < 0.1 for r in by_section["parity"])
+    server = by_section["server"]
+    if importlib.util.find_spec("vllm") is None:
+        assert server == [{"section": "server", "skipped": "vLLM is not installed here"}]
+    else:  # two versions published the trainer's way, each sampled with the learner's weights
+        assert [r["version"] for r in server] == ["smoke-v1", "smoke-v2"], server
+        assert all(r["tokens"] > 0 and r["abs_logprob_diff_max"] < 1e-3 for r in server), server
     assert "### learner" in (tmp_path / "table.md").read_text()
     assert any("torchrun" in r["step"] for r in by_section["skipped"])  # said plainly
