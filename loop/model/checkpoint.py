@@ -61,14 +61,13 @@ def load_weights(model: Any, checkpoint: Path) -> None:
     if (checkpoint / ADAPTER / ADAPTER_FILE).is_file():
         load_adapter(model, checkpoint / ADAPTER)
         return
+    from loop.model import distributed
+
     full = checkpoint / MODEL / "model.safetensors"
-    if full.is_file():
-        model.load_state_dict(load_file(str(full)), strict=False)
-        return
-    shards = sorted((checkpoint / MODEL).glob("model-*.safetensors"))
+    shards = [full] if full.is_file() else sorted((checkpoint / MODEL).glob("model-*.safetensors"))
     if shards:  # save_pretrained splits large models into shards
-        for shard in shards:
-            model.load_state_dict(load_file(str(shard)), strict=False)
+        for shard in shards:  # whole tensors; each process keeps its slice of them
+            distributed.load_full_state_dict(model, load_file(str(shard)))
         return
     raise FileNotFoundError(f"{checkpoint}: neither adapter/ nor model/ weights found")
 

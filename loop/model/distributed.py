@@ -254,6 +254,20 @@ def full_state_dict(model: Any, *, trainable_only: bool = False) -> dict[str, Te
     return {k: v for k, v in gathered.items() if k in keep and isinstance(v, Tensor)}
 
 
+def load_full_state_dict(model: Any, state: dict[str, Tensor]) -> None:
+    """Load whole tensors (some or all of the model's, by its own keys) into `model`.
+
+    Under FSDP every rank passes the same tensors and keeps its shard of each; in one process
+    it is `model.load_state_dict(state, strict=False)`."""
+    if not is_distributed():
+        model.load_state_dict(state, strict=False)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, state, options=options)
+
+
 def optimizer_state_dict(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """`optimizer.state_dict()`, with FSDP's sharded moments gathered whole to rank 0.
 

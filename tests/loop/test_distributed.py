@@ -13,7 +13,9 @@ of four rollouts (as the trainer shards them), recomputes the old log-probs and 
 `Learner` optimizer step over the global minibatch of four; then the shards are gathered
 (`full_state_dict`) and saved through `checkpoint.save_weights`, and the optimizer state is
 gathered and reloaded into a fresh optimizer (`optimizer_state_dict`,
-`load_optimizer_state_dict`: what a resume does).
+`load_optimizer_state_dict`), and the trainer's checkpoint is written, then read into a freshly
+loaded model and learner (`save_checkpoint`, `load_weights`, `load_state`: what a resume and
+`model.init_adapter` do), which must restore the weights and AdamW's moments exactly.
 The test runs the same cases in its own process without a process group and compares: old
 log-probs, loss, gradient norm, the gradients themselves, AdamW's moments, the updated weights,
 and the saved adapter or model files. Three cases cover what sharding can get wrong:
@@ -169,6 +171,7 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
     optimizer_state = distributed.optimizer_state_dict(policy.model, learner.optimizer)
     names = [name for name, p in policy.model.named_parameters() if p.requires_grad]
     roundtrip = _optimizer_roundtrip(policy, optimizer_state, names)
+    restored = _checkpoint_roundtrip(case, policy, learner, out_dir / f"{case.name}-checkpoints")
     if not distributed.is_main():
         return {}
     old: list[Any] = [None] * len(LENGTHS)
@@ -183,6 +186,7 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
         "grads": grads,
         "exp_avg": _exp_avgs(optimizer_state, names),
         "optimizer_roundtrip_diff": roundtrip,
+        "checkpoint_roundtrip_diff": restored,
         "state": state,
     }
 
@@ -204,6 +208,35 @@ def _optimizer_roundtrip(policy: Policy, state: dict[str, Any], names: list[str]
         return 0.0
     before, after = _exp_avgs(state, names), _exp_avgs(again, names)
     return max(float((before[name] - after[name]).abs().max()) for name in names)
+
+
+def _checkpoint_roundtrip(case: Case, policy: Policy, learner: Learner, root: Path) -> float:
+    """A resume: the trainer's checkpoint written, then read into a freshly loaded (lean) model
+    and learner, as after a kill; the largest difference in the weights and AdamW's moments."""
+    checkpoint.save_checkpoint(root, 1, policy.model, {"learner": learner.state_dict()}, keep=1)
+    if distributed.is_distributed():
+        fresh = make_policy(case, empty=True)
+        weights = make_policy(case).model.state_dict() if distributed.is_main() else None
+        distributed.shard_model(fresh.model, weights)
+    else:
+        fresh = make_policy(case)
+    again = Learner(fresh, LearnerSettings(lr=LR, weight_decay=0.01))
+    saved = root / "iter-1"
+    checkpoint.load_weights(fresh.model, saved)  # model.init_adapter reads adapters this way
+    again.load_state_dict(checkpoint.load_state(saved)["learner"])
+    names = [name for name, p in policy.model.named_parameters() if p.requires_grad]
+    before = distributed.full_state_dict(policy.model, trainable_only=True)
+    after = distributed.full_state_dict(fresh.model, trainable_only=True)
+    saved_state = distributed.optimizer_state_dict(policy.model, learner.optimizer)
+    loaded_state = distributed.optimizer_state_dict(fresh.model, again.optimizer)
+    if not distributed.is_main():
+        return 0.0
+    old_moments, new_moments = _exp_avgs(saved_state, names), _exp_avgs(loaded_state, names)
+    assert before.keys() == after.keys() and before
+    return max(
+        *(float((before[k] - after[k]).abs().max()) for k in before),
+        *(float((old_moments[k] - new_moments[k]).abs().max()) for k in names),
+    )
 
 
 def _gather_objects(obj: Any) -> list[Any]:
@@ -289,6 +322,8 @@ def test_two_processes_match_one(
         atol = 0.1 * GRAD_RTOL * largest  # exp_avg = (1 - beta1) * g after one step
         torch.testing.assert_close(double["exp_avg"][key], moment, rtol=0, atol=atol, msg=key)
     assert double["optimizer_roundtrip_diff"] == 0.0
+    assert double["checkpoint_roundtrip_diff"] == 0.0  # resumed exactly
+    assert single["checkpoint_roundtrip_diff"] == 0.0
     assert double["state"].keys() == single["state"].keys()
     initial = distributed.full_state_dict(make_policy(case).model, trainable_only=True)
     moved = max(float((single["state"][k] - initial[k]).abs().max()) for k in initial)
