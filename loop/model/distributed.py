@@ -265,7 +265,7 @@ def load_full_state_dict(model: Any, state: dict[str, Tensor]) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, state, options=options)
+    set_model_state_dict(model, dict[str, Any](state), options=options)
 
 
 def optimizer_state_dict(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
