@@ -10,8 +10,9 @@ the learner trains, and `take(k+1)` awaits what is left. Each group is pinned to
 published when its first rollout starts (loop/rollout/collect.py), which `published` tracks.
 
 Draw order. The tasks of k+1 are drawn after iteration k told the sampler its groups' signals,
-so with S = 1 the sampler sees the same sequence of draws and signals as the synchronous loop
-and draws the same tasks.
+so with S = 1 the sampler sees draws and signals in the synchronous loop's order (the same
+tasks, given the same signals; with S >= 2 a draw comes before the signals of the iterations
+still in flight).
 
 Resume. A checkpoint after iteration k records the tasks of the iterations dispatched ahead
 and not yet trained (`pending_tasks`) together with the sampler state after their draws. On a
