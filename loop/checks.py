@@ -82,6 +82,12 @@ def check_run(config: RunConfig, world_size: int) -> None:
         raise ConfigError(
             "several learner processes need generator.backend vllm_server (or vllm), not hf"
         )
+    if config.train.max_staleness and config.generator.backend != "vllm_server":
+        raise ConfigError(
+            f"train.max_staleness {config.train.max_staleness} collects while the learner "
+            f"trains, which generator.backend {config.generator.backend} cannot (it samples "
+            "with the learner's weights or its process): use generator.backend: vllm_server"
+        )
     check_devices(config, world_size)
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
@@ -204,6 +210,8 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
         raise ConfigError("train.micro_batch_size must not exceed train.minibatch_size")
     if train.adv_threshold < 0 or train.eval_every < 0 or train.horizon_step < 0:
         raise ConfigError("train.adv_threshold, eval_every and horizon_step must be >= 0")
+    if train.max_staleness < 0:
+        raise ConfigError(f"train.max_staleness: must be >= 0, got {train.max_staleness}")
     if train.strictly_on_policy and train.epochs != 1:
         raise ConfigError("train.strictly_on_policy needs train.epochs=1 (one on-policy pass)")
     if train.horizon_start is not None and train.horizon_start < 1:

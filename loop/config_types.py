@@ -242,6 +242,13 @@ class TrainConfig:
         lambda: [0.5, 2.0],
         "is_correction mask: tokens with w outside [low, high] get no gradient (IcePop: 0.5, 2)",
     )
+    max_staleness: int = doc(
+        0,
+        "S: collect the next iterations' rollouts while this one learns, at most S policy "
+        "versions behind (0: the synchronous loop of the paper and [C]; 1: one-step "
+        "off-policy, verl's and [C]'s async_rollouts). Older groups are dropped and counted; "
+        "needs generator.backend vllm_server; pair with is_correction truncate",
+    )
     epochs: int = doc(2, "passes over the kept rollouts per iteration")
     minibatch_size: int = doc(32, "rollouts per optimizer step (the loss is divided by this)")
     micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")

@@ -12,6 +12,10 @@ its reference code (apple/ml-loop, [C]):
 - Rollouts: K i.i.d. rollouts per task at temperature 1 with the current weights, token in and
   token out ([P] section 4.1, [C]); tasks drawn without replacement from a seeded sampler,
   reshuffled when exhausted ([C]; [C] leaves its sampler unseeded, we seed it to resume).
+- Overlap (our addition, off by default): with `max_staleness` S >= 1 the next iterations'
+  groups are collected while this one learns, each group pinned to one published version,
+  and a group more than S versions old is dropped and counted (loop/rollout/ahead.py and
+  staleness.py). [C]'s `async_rollouts` (off by default) is one iteration stale.
 - Straggler cut-off: collection stops once `rollouts_fraction` of the rollouts are done and
   every task has `min_rollouts_per_task`; the rest are cancelled and discarded ([P] App. D, [C]).
 - Reward: the fraction of the task's unit tests passed ([P], [C]); `reward: success` trains on
@@ -87,11 +91,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import sys
 import time
-from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,15 +112,17 @@ from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint, distributed
 from loop.model.policy import Policy
 from loop.parts import TrainParts
-from loop.rollout.collect import RolloutJob, collect_rollouts
+from loop.rollout.ahead import AheadCollector
+from loop.rollout.collect import VersionPin, by_group, collect_rollouts, iteration_jobs
 from loop.rollout.prompt import prompt_example
+from loop.rollout.staleness import assemble, staleness_metrics
 from loop.rollout.task_sampler import TaskSampler, group_signal
 from loop.rollout.trajectory import Trajectory
-from loop.run.metrics import infra_failure_problem, iteration_metrics
+from loop.run.metrics import infra_failure_problem, iteration_metrics, throughput
 from loop.run.report import learning_report
 from loop.run.rundir import RunDir, write_config
 from loop.run.runlog import RunLog, summary_line, write_rollouts
-from loop.seeds import minibatch_seed, rollout_seed, shuffle_seed
+from loop.seeds import minibatch_seed, shuffle_seed
 from loop.warmstart import load_init_adapter, warm_start
 from tasks import Task, TaskSuite
 
@@ -145,9 +152,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         no_signal_draw_prob=cfg.no_signal_draw_prob, stratify=cfg.stratify,
     )  # fmt: skip
     learner = build_learner(config, parts.policy)
-    start = resume(run, parts.policy, learner, sampler)
+    start, saved = resume(run, parts.policy, learner, sampler)
     if start > 0:
         sync_weights(parts, run, start - 1)
+    ahead = collect_ahead(config, parts, start, saved, show_progress)
+    draw = functools.partial(sampler.draw, cfg.tasks_per_iteration)
     runlog = open_run(config, run, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
         stress_test(learner, cfg.max_seq_len)
@@ -160,15 +169,17 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
         if cfg.eval_every and iteration % cfg.eval_every == 0:
             metrics |= await evaluate_during_training(config, parts, run, iteration, show_progress)
-        # 1. Sample tasks (seeded, without replacement, reshuffled when exhausted).
-        tasks = sampler.draw(cfg.tasks_per_iteration)
-        # 2. K rollouts per task, concurrently, until the straggler cut-off.
-        t_rollout = time.monotonic()
-        groups, discarded = await roll_out(
-            config, parts, tasks, iteration, max_turns, show_progress
-        )
-        metrics["time/rollout_s"] = time.monotonic() - t_rollout
-        # 3. Advantages over each task's group; drop rollouts with |A| below the threshold.
+        # 1. Sample tasks (seeded, without replacement, reshuffled when exhausted), and
+        # 2. K rollouts per task, concurrently, until the straggler cut-off; with S >= 1 both
+        #    were started ahead, at step 3b of an earlier iteration, and are awaited here.
+        collection = await ahead.take(iteration, draw)
+        metrics |= {"time/rollout_s": collection.rollout_s,
+                    "time/wait_rollouts_s": collection.wait_s}  # fmt: skip
+        # 3. Groups older than S versions are dropped (counted); advantages over each task's
+        #    group; drop rollouts with |A| below the threshold.
+        assembly = assemble(collection.groups, iteration, cfg.max_staleness)
+        groups, discarded = assembly.groups, collection.discarded
+        metrics |= staleness_metrics(assembly, ahead.recollected if iteration == start else 0)
         credit = assign_credit(
             groups, method=cfg.advantage, reward=cfg.reward, threshold=cfg.adv_threshold,
             normalize=cfg.normalize_advantage, turn_coef=cfg.turn_coef,
@@ -179,27 +190,34 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
             raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
+        # 3b. Overlap (max_staleness S >= 1): draw and dispatch the next iterations' groups
+        #     now, so the servers sample them while steps 4-5 run in a worker thread.
+        ahead.dispatch_ahead(iteration, draw)
         t_learn = time.monotonic()
         parts.generator.release_memory()  # the sampler's caches, for the learner's memory
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
-        metrics |= learner.recompute_old_logprobs(samples)
+        metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
         check_parity(metrics, cfg)
-        critic = assign_gae(samples, config)  # gae / verlog: from the old values
+        critic = await ahead.off_loop(assign_gae, samples, config)  # gae / verlog: old values
         metrics |= critic.metrics
         credit = credit.with_turn_advantages(critic.turn_means)
         # 5. Epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
-        stats = learn(learner, samples, cfg, iteration, config.seed, show_progress)
+        stats = await ahead.off_loop(
+            learn, learner, samples, cfg, iteration, config.seed, show_progress
+        )
         metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}
-        # 6. Push the new weights to the generator (a LoRA adapter for vLLM; nothing for hf).
+        # 6. Push the new weights to the generator (a LoRA adapter for vLLM; nothing for hf);
+        #    groups dispatched from now on sample them.
         t_sync = time.monotonic()
-        sync_weights(parts, run, iteration)
+        sync_weights(parts, run, iteration, keep=PUBLISHED_KEPT + cfg.max_staleness)
+        ahead.published = iteration + 1
         metrics["time/sync_s"] = time.monotonic() - t_sync
         # 7. Log, save the rollouts, checkpoint.
-        metrics |= throughput(metrics, groups, stats, time.monotonic() - started)
+        metrics |= throughput(metrics, groups, stats.trained_tokens, time.monotonic() - started)
         if runlog is not None:
             record_iteration(runlog, config, run, iteration, metrics, groups, credit, kept, samples)
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
-            save(run, iteration + 1, parts.policy, learner, sampler, cfg.keep_checkpoints)
+            save(run, iteration + 1, parts.policy, learner, sampler, ahead, cfg.keep_checkpoints)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
     final: dict[str, float] = {}
     if cfg.eval_every and (start < cfg.iterations or cfg.iterations == 0):
@@ -263,21 +281,50 @@ def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
     return min(max_turns, cfg.horizon_start + cfg.horizon_step * (iteration // cfg.horizon_every))
 
 
-def resume(run: RunDir, policy: Policy, learner: Learner, sampler: TaskSampler) -> int:
-    """Load the newest complete checkpoint, if any; returns the iteration to start from.
+def resume(
+    run: RunDir, policy: Policy, learner: Learner, sampler: TaskSampler
+) -> tuple[int, dict[int, list[Task]]]:
+    """Load the newest complete checkpoint, if any; returns the iteration to start from and
+    the tasks of the iterations it had dispatched ahead (loop/rollout/ahead.py: re-collected).
 
     Rank 0 chooses it for every process: ranks looking for themselves can see different
     newest checkpoints (one written meanwhile) and then run different iterations."""
     latest = distributed.broadcast_object(checkpoint.latest_checkpoint(run.checkpoints))
     if latest is None:
-        return 0
+        return 0, {}
     state = checkpoint.load_state(latest)
     checkpoint.load_weights(policy.model, latest)
     learner.load_state_dict(state["learner"])
     sampler.load_state_dict(state["sampler"])
     checkpoint.restore_rng(state["rng"])
     print(f"resuming from {latest} (iteration {state['iteration']})", file=sys.stderr)
-    return int(state["iteration"])
+    by_id = {task.id: task for task in sampler.tasks}
+    ahead = {int(j): [by_id[i] for i in ids] for j, ids in state.get("ahead", {}).items()}
+    return int(state["iteration"]), ahead
+
+
+def collect_ahead(
+    config: RunConfig, parts: TrainParts, start: int, saved: dict[int, list[Task]],
+    show_progress: bool,
+) -> AheadCollector:  # fmt: skip
+    """Steps 1-2 and 3b: the iterations' collections, each group pinned to the version
+    published when it starts (named to the generator only when collecting ahead)."""
+    cfg = config.train
+
+    def pin() -> VersionPin:
+        return VersionPin(ahead.published, parts.generator.version if cfg.max_staleness else None)
+
+    async def collect(iteration: int, tasks: list[Task]) -> tuple[list[list[Trajectory]], int]:
+        max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit then
+        return await roll_out(config, parts, tasks, iteration, max_turns, show_progress, pin)
+
+    if cfg.max_staleness and parts.generator.shares_weights:  # train.py's check says so first
+        raise ConfigError("train.max_staleness: use generator.backend: vllm_server")
+    ahead = AheadCollector(
+        collect, max_staleness=cfg.max_staleness, tasks_per_iteration=cfg.tasks_per_iteration,
+        iterations=cfg.iterations, published=start, saved=saved,
+    )  # fmt: skip
+    return ahead
 
 
 def open_run(config: RunConfig, run: RunDir, start: int) -> RunLog:
@@ -328,31 +375,15 @@ async def evaluate_during_training(
 
 async def roll_out(
     config: RunConfig, parts: TrainParts, tasks: list[Task], iteration: int, max_turns: int,
-    show_progress: bool,
+    show_progress: bool, pin: Callable[[], VersionPin],
 ) -> tuple[list[list[Trajectory]], int]:  # fmt: skip
-    """K rollouts per task of at most `max_turns` turns, with the straggler cut-off; returns
-    the groups and the number discarded."""
+    """K rollouts per task of at most `max_turns` turns, with the straggler cut-off, each
+    group on the version `pin` gives when it starts; returns the groups and the number
+    discarded."""
     cfg = config.train
     if not distributed.is_main():
         return [], 0
-    jobs: list[RolloutJob] = []
-    occurrences: dict[str, int] = defaultdict(int)
-    for g, task in enumerate(tasks):
-        first = occurrences[task.id] * cfg.rollouts_per_task  # a task drawn twice: one group
-        occurrences[task.id] += 1
-        for k in range(cfg.rollouts_per_task):
-            seed = rollout_seed(config.seed, iteration, g, k)
-            jobs.append(RolloutJob(task, first + k, seed=seed))
-    need_total = math.ceil(len(jobs) * cfg.rollouts_fraction)
-    need_each = {task.id: cfg.min_rollouts_per_task * n for task, n in
-                 ((t, occurrences[t.id]) for t in tasks)}  # fmt: skip
-
-    def enough(done: list[Trajectory]) -> bool:
-        counts: dict[str, int] = defaultdict(int)
-        for traj in done:
-            counts[traj.task_id] += 1
-        return len(done) >= need_total and all(counts[t] >= n for t, n in need_each.items())
-
+    jobs, enough = iteration_jobs(tasks, iteration, config.seed, cfg)
     settings = dataclasses.replace(config.agent, max_turns=max_turns)
     progress = _progress(len(jobs), f"iter {iteration} rollouts", show_progress)
     done = await collect_rollouts(
@@ -360,13 +391,10 @@ async def roll_out(
         tokenizer=parts.tokenizer, settings=settings,
         example=prompt_example(parts.suite, config.agent.worked_example),
         max_concurrent=cfg.max_concurrent_rollouts, on_done=lambda _: progress.update(1),
-        enough=enough,
+        enough=enough, pin=pin,
     )  # fmt: skip
     progress.close()
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for traj in done:
-        groups[traj.task_id].append(traj)
-    return list(groups.values()), len(jobs) - len(done)
+    return by_group(done), len(jobs) - len(done)
 
 
 def select_samples(
@@ -431,23 +459,14 @@ def learn(
         progress.close()
 
 
-def sync_weights(parts: TrainParts, run: RunDir, iteration: int) -> None:
-    """Hand the new weights to the generator (the hf generator already samples from them)."""
+def sync_weights(
+    parts: TrainParts, run: RunDir, iteration: int, keep: int = PUBLISHED_KEPT
+) -> None:
+    """Hand the new weights to the generator (the hf generator already samples from them),
+    keeping the newest `keep` published directories (the S older versions groups collected
+    ahead may still sample, too)."""
     target = run.adapter_sync(iteration + 1)
-    sync.publish_weights(parts.policy, parts.generator, target, keep=PUBLISHED_KEPT)
-
-
-def throughput(
-    metrics: dict[str, float], groups: list[list[Trajectory]], stats: LearnStats, total_s: float
-) -> dict[str, float]:
-    """Generated and learned tokens per second, and the iteration's wall time."""
-    generated = sum(sum(t.is_output) for g in groups for t in g)
-    return {
-        "throughput/generated_tokens_per_s": generated / max(metrics["time/rollout_s"], 1e-9),
-        "throughput/learned_tokens_per_s": stats.trained_tokens
-        / max(metrics["time/learn_s"], 1e-9),
-        "time/iteration_s": total_s,
-    }
+    sync.publish_weights(parts.policy, parts.generator, target, keep=keep)
 
 
 def record_iteration(
@@ -467,10 +486,15 @@ def record_iteration(
 
 
 def save(
-    run: RunDir, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler, keep: int
-) -> None:
-    """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes)."""
-    state = {"learner": learner.state_dict(), "sampler": sampler.state_dict()}
+    run: RunDir, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler,
+    ahead: AheadCollector, keep: int,
+) -> None:  # fmt: skip
+    """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes),
+    with the tasks of the iterations dispatched ahead (re-collected on resume)."""
+    state = {
+        "learner": learner.state_dict(), "sampler": sampler.state_dict(),
+        "ahead": ahead.pending_tasks(),
+    }  # fmt: skip
     checkpoint.save_checkpoint(run.checkpoints, iteration, policy.model, state, keep)
 
 

@@ -25,6 +25,10 @@ class SamplingParams:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # any of these ends the turn (it is kept as sampled)
     seed: int | None = None  # per-request seed where the backend supports it
+    # the published weights to sample, as the generator names them (`Generator.version` when
+    # the rollout's group was dispatched); None: the newest. Only a backend that keeps several
+    # versions (vllm_server) honours an older one; the trainer pins only with such a backend.
+    version: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,6 +60,13 @@ class Generator(Protocol):
     # True when it samples with the training model's own parameters (hf: one copy), so new
     # weights need no publication; False when it keeps its own copy and loads adapters.
     shares_weights: bool
+
+    @property
+    def version(self) -> str:
+        """The name of the weights a request without `SamplingParams.version` samples now: a
+        new name after each `load_adapter` where the backend keeps versions (vllm_server,
+        whose `Generation.metadata["adapter_version"]` names the one a request used)."""
+        ...
 
     async def generate(
         self,

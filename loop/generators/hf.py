@@ -101,6 +101,7 @@ class HFGenerator:
 
     name = "hf"
     shares_weights = True  # it samples with the policy the learner trains
+    version = "policy"  # the live weights: nothing is published, so one name for all of them
 
     def __init__(
         self,

@@ -114,6 +114,11 @@ class OpenAIGenerator:
                 return _marked(self._parse_chat(body, params), forged)
             return await self._complete(prompt_token_ids, params, fields)
 
+    @property
+    def version(self) -> str:
+        """The served model: an endpoint's weights are fixed."""
+        return self.model
+
     def load_adapter(self, path: Path | None) -> None:
         """Endpoints serve fixed models: only None (no adapter) is accepted."""
         if path is not None:

@@ -27,6 +27,7 @@ class ScriptedGenerator:
 
     name = "scripted"
     shares_weights = False
+    version = "scripted"  # the script is the policy
 
     def __init__(
         self,

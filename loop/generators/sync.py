@@ -43,7 +43,8 @@ def publish_weights(
 def prune_published(root: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` published directories in `root` (by modification time);
     the deleted ones. The generator has moved to the newest; an older version's requests are
-    over (a synchronous iteration), and a server reads an adapter only when loading it."""
+    over (a synchronous iteration; collecting S iterations ahead, the caller keeps S more),
+    and a server reads an adapter only when loading it."""
     published = sorted(
         (p for p in root.iterdir() if p.is_dir() and not p.name.endswith(PARTIAL)),
         key=lambda p: p.stat().st_mtime_ns,

@@ -149,6 +149,11 @@ class VLLMGenerator:
             raise GeneratorError(f"vLLM returned no output for request {request_id}")
         return _to_generation(final, params)
 
+    @property
+    def version(self) -> str:
+        """The loaded adapter's name ("adapter-<k>"), or "base" without one."""
+        return self._lora_request.lora_name if self._lora_request is not None else "base"
+
     def load_adapter(self, path: Path | None) -> None:
         """Sample with the LoRA adapter saved in `path` from the next request on (None: base)."""
         if path is None:

@@ -17,8 +17,12 @@ shared filesystem that has not shown the files yet), confirms it in `GET /v1/mod
 then routes new groups to it. Each request carries `cache_salt` = its version (plus this
 trainer's nonce), so no prefix-cache block computed under other weights is ever reused
 (reusing one name across weights reuses stale blocks: vllm#42125). A server that fails to load
-leaves routing (never serves a mixed version) and is restarted when it was started here; an
-older version is unloaded once no request uses it.
+leaves routing (never serves a mixed version) and is restarted when it was started here.
+The newest `keep_versions` versions stay loaded (1: only the current one; S + 1 when the
+trainer collects S iterations ahead, `train.max_staleness`), so a request may name an older
+one (`SamplingParams.version`: every turn of a group samples the version current when the
+group was dispatched); an older version is retired and unloaded once no request uses it, and
+a request naming a retired one fails (`GeneratorError`).
 
 Failures. A started server that dies is restarted in the background (up to `max_restarts`
 times) and given the current adapter before it returns to routing; the requests it had in
@@ -38,7 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -61,6 +65,7 @@ class Server:
     url: str
     process: ServerProcess | None = None  # None: attached by URL (not ours to restart)
     served: str | None = None  # the version it serves; None: out of routing
+    loaded: set[str] = field(default_factory=set)  # the adapter versions it holds now
     in_flight: int = 0
     restarting: bool = False
     restarts: int = 0
@@ -86,14 +91,19 @@ class VLLMServerGenerator:
         request_timeout_s: float = 600.0,
         max_concurrency: int = 256,
         max_restarts: int = 3,
+        keep_versions: int = 1,
     ):
         """Start `processes` (in parallel) and attach to `urls`; `GeneratorError` when a started
         server fails (its cause in one line) or an attached one does not answer `/health`.
 
         `base_model`: the name the servers serve the base weights under; `adapter_prefix`: the
-        run's name, the stem of every version's name."""
+        run's name, the stem of every version's name; `keep_versions`: the newest versions kept
+        loaded (the servers' `--max-loras` must hold them)."""
         if not processes and not urls:
             raise ValueError("the vllm_server generator needs servers to start or URLs")
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.keep_versions = keep_versions
         self.base_model, self.adapter_prefix = base_model, adapter_prefix
         self.start_timeout_s, self.ready_timeout_s = start_timeout_s, ready_timeout_s
         self.request_timeout_s, self.max_concurrency = request_timeout_s, max_concurrency
@@ -107,6 +117,7 @@ class VLLMServerGenerator:
         self._versions = itertools.count(1)
         self._using: Counter[str] = Counter()  # requests in flight per version
         self._retired: set[str] = set()  # versions to unload once no request uses them
+        self._live: list[str] = []  # the adapter versions kept loaded, oldest first
         self._router = PrefixRouter()
         self._lock = threading.Lock()  # server state, shared with the restart threads
         self._admin = httpx.Client(timeout=ADMIN_TIMEOUT_S)
@@ -121,6 +132,11 @@ class VLLMServerGenerator:
                 raise GeneratorError(f"no vLLM server answers at {server.url} (generator.servers)")
             server.served = base_model
 
+    @property
+    def version(self) -> str:
+        """The version new groups sample: the newest published (the base before any)."""
+        return self.current
+
     async def generate(
         self,
         prompt_token_ids: list[int],
@@ -128,10 +144,11 @@ class VLLMServerGenerator:
         *,
         messages: list[dict[str, str]] | None = None,
     ) -> Generation:
-        """Sample on the server of the prompt's group, with the group's adapter version."""
+        """Sample on the server of the prompt's group, with `params.version` (None: the
+        version the group was pinned to when it started, the current one for a new group)."""
         if not prompt_token_ids:
             raise GeneratorError("empty prompt: at least one token id is needed")
-        index, version = await self._route(prompt_token_ids)
+        index, version = await self._route(prompt_token_ids, params.version)
         server = self.servers[index]
         client = await self._client(server)
         server.in_flight += 1
@@ -179,13 +196,16 @@ class VLLMServerGenerator:
             raise GeneratorError(f"no vLLM server loaded {version}: {'; '.join(failures.values())}")
         for index in loaded:
             self.servers[index].served = version
+            self.servers[index].loaded.add(version)
         for index, failure in failures.items():
             log.warning("vLLM server %d leaves routing: %s", index, failure)
             self._lost(index)  # restarted with the current version where it is ours
-        if previous != self.base_model and previous != version:
-            self._retired.add(previous)
-            if not self._using[previous]:
-                self._unload(previous)
+        self._live = [v for v in self._live if v != version] + [version] * (path is not None)
+        while len(self._live) > self.keep_versions:  # the oldest leave once no request uses them
+            old = self._live.pop(0)
+            self._retired.add(old)
+            if not self._using[old]:
+                self._unload(old)
 
     def release_memory(self) -> None:
         """Nothing: the servers' memory is not the learners'."""
@@ -201,19 +221,23 @@ class VLLMServerGenerator:
 
     # -- routing ----------------------------------------------------------------------------
 
-    async def _route(self, prompt: list[int]) -> tuple[int, str]:
-        """(server index, version) for `prompt`, waiting for a server when none is ready."""
+    async def _route(self, prompt: list[int], wanted: str | None) -> tuple[int, str]:
+        """(server index, version) for `prompt`, sampling `wanted` (None: the current
+        version), waiting for a server when none is ready."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             self._check_processes()
-            current = self.current
-            ready = {i: current for i, s in enumerate(self.servers) if s.served == current}
+            version = wanted or self.current
+            if version not in (self.current, self.base_model) and version not in self._live:
+                raise GeneratorError(f"{version} is no longer served (retired: the servers keep "
+                                     f"the newest {self.keep_versions} versions)")  # fmt: skip
+            ready = {i: version for i, s in enumerate(self.servers) if self._holds(s, version)}
             if ready:
                 load = {i: s.in_flight for i, s in enumerate(self.servers)}
                 pin = self._router.route(prompt, ready, load)
                 return pin.server, pin.version
             if not any(s.restarting for s in self.servers):
-                raise GeneratorError(f"no vLLM server serves {self.current}: {self._states()}")
+                raise GeneratorError(f"no vLLM server serves {version}: {self._states()}")
             if time.monotonic() > deadline:
                 raise GeneratorError(
                     f"no vLLM server ready after {self.ready_timeout_s:.0f} s: {self._states()}"
@@ -231,6 +255,12 @@ class VLLMServerGenerator:
             )  # fmt: skip
             server.client_url = server.url
         return server.client
+
+    def _holds(self, server: Server, version: str) -> bool:
+        """Whether `server` is in routing and can sample `version` now."""
+        if server.served is None or server.restarting:
+            return False
+        return version == server.served or version == self.base_model or version in server.loaded
 
     def _states(self) -> str:
         return ", ".join(
@@ -267,6 +297,7 @@ class VLLMServerGenerator:
         """Unload a retired version from every server that still answers."""
         self._retired.discard(version)
         for server in self.servers:
+            server.loaded.discard(version)
             if server.restarting or server.served is None:
                 continue
             try:
@@ -307,6 +338,7 @@ class VLLMServerGenerator:
             if server.restarting:
                 return
             server.served = None
+            server.loaded.clear()  # a restarted server holds only the current version
             self._router.forget_server(index)
             if server.process is None or server.restarts >= self.max_restarts:
                 log.error("vLLM server %d at %s is out of routing for good", index, server.url)
@@ -330,6 +362,7 @@ class VLLMServerGenerator:
                 with self._lock:
                     if self.current == version:
                         server.served = version
+                        server.loaded = {version}
                         log.warning("vLLM server %d is back, serving %s", index, version)
                         return
         except GeneratorError as exc:

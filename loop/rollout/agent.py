@@ -91,8 +91,12 @@ async def run_episode(
     sample_index: int = 0,
     seed: int | None = None,
     trajectory: Trajectory | None = None,
+    version: str | None = None,
 ) -> Trajectory:
-    """Roll out one episode; fills and returns `trajectory` (made here if not given)."""
+    """Roll out one episode; fills and returns `trajectory` (made here if not given).
+
+    `version`: the published weights every turn samples (`SamplingParams.version`; None:
+    the generator's newest)."""
     traj = trajectory or Trajectory(task.id, task.scenario_id, task.difficulty, sample_index)
     start = time.monotonic()
     glue = ChatGlue.from_tokenizer(tokenizer)
@@ -114,6 +118,7 @@ async def run_episode(
             top_p=settings.top_p,
             stop_token_ids=glue.stop_token_ids,
             seed=None if seed is None else seed + turn_index,
+            version=version,
         )
         try:
             messages = _window(traj.messages, context_messages, turn_index, settings.memory_turns)
@@ -128,6 +133,8 @@ async def run_episode(
         traj.forged_special_tokens += forged if isinstance(forged, int) else 0
         turn = _record_output(traj, tokenizer, generation)
         turn.generation_s = generation_s
+        used = generation.metadata.get("adapter_version")
+        turn.adapter_version = used if isinstance(used, str) else None
         if turn.code is None:
             observation = NO_CODE
         else:

@@ -13,6 +13,10 @@ compares different problems): each records its environment's `start_fingerprint`
 whose fingerprint differs from that of the task's first finished rollout in this collection is
 an infrastructure failure (`start_state_mismatch`), so the survivors of a group share one start.
 
+Every rollout of a task's group samples one policy version: `pin` is asked once per group, when
+its first rollout gets a slot (the group's dispatch), and the answer goes with every turn of
+every rollout of the group (`SamplingParams.version`) and on each `Trajectory.policy_version`.
+
 A rollout that reaches `agent.rollout_timeout_s` is the agent's or ours by the time it was
 charged for (loop/rollout/attribution.py): its cells, and its emitted tokens at the backend's
 time per token, measured over every turn generated so far in this collection.
@@ -23,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loop.config import AgentConfig
+from loop.config import AgentConfig, TrainConfig
 from loop.generators.base import Generator
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.agent import run_episode
@@ -38,6 +44,7 @@ from loop.rollout.attribution import (
     token_time_charged,
 )
 from loop.rollout.trajectory import Trajectory
+from loop.seeds import rollout_seed
 from tasks import Environment, EnvironmentFailureError, Task, TaskSuite
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,15 @@ class SandboxPool(Protocol):
     async def acquire_async(self) -> Any: ...
 
     async def release_async(self, sandbox: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class VersionPin:
+    """The weights a group samples: the trainer's policy version (updates published), and the
+    generator's name for them (None: whatever the generator serves newest, unpinned)."""
+
+    number: int
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,21 +88,28 @@ async def collect_rollouts(
     max_concurrent: int,
     on_done: Callable[[Trajectory], None] | None = None,
     enough: Callable[[list[Trajectory]], bool] | None = None,
+    pin: Callable[[], VersionPin] | None = None,
 ) -> list[Trajectory]:
     """Run the jobs; the finished rollouts come back in job order.
 
-    `on_done` sees each rollout as it finishes. `enough` (the straggler cut-off) is asked after
-    each one with all finished so far; once it says True, the rollouts still running are
-    cancelled, their sandboxes released, and they are left out of the result.
+    `pin` names the version a task's group samples, asked when its first rollout starts (None:
+    unpinned, `policy_version` unset). `on_done` sees each rollout as it finishes. `enough`
+    (the straggler cut-off) is asked after each one with all finished so far; once it says
+    True, the rollouts still running are cancelled, their sandboxes released, and they are
+    left out of the result.
     """
     slots = asyncio.Semaphore(max_concurrent)
     started: list[Trajectory] = []  # every rollout begun: their turns measure the backend
     starts: dict[str, str] = {}  # task id -> the start fingerprint its first rollout reported
+    pins: dict[str, VersionPin] = {}  # task id -> its group's version, from its first start
 
     async def run(job: RolloutJob) -> Trajectory:
         async with slots:
+            version = None
+            if pin is not None:
+                version = pins.get(job.task.id) or pins.setdefault(job.task.id, pin())
             traj = await _rollout(
-                job, suite, pool, generator, tokenizer, settings, example, started
+                job, suite, pool, generator, tokenizer, settings, example, started, version
             )
         check_start_state(traj, starts)
         if on_done is not None:
@@ -109,6 +132,39 @@ async def collect_rollouts(
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     return [finished[i] for i in sorted(finished)]
+
+
+def iteration_jobs(
+    tasks: Sequence[Task], iteration: int, seed: int, train: TrainConfig
+) -> tuple[list[RolloutJob], Callable[[list[Trajectory]], bool]]:
+    """K jobs per task drawn for `iteration`, seeded by (iteration, draw, k), and the straggler
+    cut-off over them (`train.rollouts_fraction` done and `min_rollouts_per_task` of every
+    task). A task drawn twice is one group of 2K, with twice the minimum."""
+    jobs: list[RolloutJob] = []
+    occurrences: dict[str, int] = defaultdict(int)
+    for g, task in enumerate(tasks):
+        first = occurrences[task.id] * train.rollouts_per_task
+        occurrences[task.id] += 1
+        for k in range(train.rollouts_per_task):
+            jobs.append(RolloutJob(task, first + k, seed=rollout_seed(seed, iteration, g, k)))
+    need_total = math.ceil(len(jobs) * train.rollouts_fraction)
+    need_each = {t: train.min_rollouts_per_task * n for t, n in occurrences.items()}
+
+    def enough(done: list[Trajectory]) -> bool:
+        counts: dict[str, int] = defaultdict(int)
+        for traj in done:
+            counts[traj.task_id] += 1
+        return len(done) >= need_total and all(counts[t] >= n for t, n in need_each.items())
+
+    return jobs, enough
+
+
+def by_group(done: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """Finished rollouts as their tasks' groups, in order of each group's first rollout."""
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in done:
+        groups[traj.task_id].append(traj)
+    return list(groups.values())
 
 
 def check_start_state(traj: Trajectory, starts: dict[str, str]) -> None:
@@ -135,9 +191,11 @@ async def _rollout(
     settings: AgentConfig,
     example: list[dict[str, str]],
     started: list[Trajectory],
+    version: VersionPin | None,
 ) -> Trajectory:
     task = job.task
     traj = Trajectory(task.id, task.scenario_id, task.difficulty, job.sample_index)
+    traj.policy_version = None if version is None else version.number
     started.append(traj)
     sandbox = None
     env = None
@@ -152,6 +210,7 @@ async def _rollout(
         episode = run_episode(
             env, task, generator, tokenizer, settings,
             example=example, sample_index=job.sample_index, seed=job.seed, trajectory=traj,
+            version=None if version is None else version.name,
         )  # fmt: skip
         try:
             await asyncio.wait_for(episode, timeout=settings.rollout_timeout_s)

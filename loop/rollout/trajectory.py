@@ -78,6 +78,7 @@ class Turn:
     crashed: bool = False
     api_calls: list[dict[str, Any]] = field(default_factory=list)
     generation_s: float = 0.0  # wall time of the turn's generate call (for attribution)
+    adapter_version: str | None = None  # the weights that sampled it, by the generator's name
 
 
 @dataclass
@@ -112,6 +113,9 @@ class Trajectory:
     start_fingerprint: str | None = None
     duration_s: float = 0.0
     cell_time_s: float = 0.0  # time the agent's cells ran, as the sandbox measured it
+    # The policy version its group sampled: the updates published when the group was
+    # dispatched (the iteration, in the synchronous loop; older when collected ahead)
+    policy_version: int | None = None
 
     @property
     def api_calls(self) -> list[dict[str, Any]]:

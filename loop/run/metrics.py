@@ -170,3 +170,16 @@ def infra_failure_problem(metrics: dict[str, float], max_share: float | None) ->
 
 def _mean_or_nan(values: list[float]) -> float:
     return mean(values) if values else math.nan
+
+
+def throughput(
+    metrics: dict[str, float], groups: list[list[Trajectory]], trained_tokens: int, total_s: float
+) -> dict[str, float]:
+    """Generated and learned tokens per second, and the iteration's wall time (`metrics` holds
+    the iteration's `time/rollout_s` and `time/learn_s`)."""
+    generated = sum(sum(t.is_output) for g in groups for t in g)
+    return {
+        "throughput/generated_tokens_per_s": generated / max(metrics["time/rollout_s"], 1e-9),
+        "throughput/learned_tokens_per_s": trained_tokens / max(metrics["time/learn_s"], 1e-9),
+        "time/iteration_s": total_s,
+    }

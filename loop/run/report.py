@@ -7,8 +7,9 @@ one-sided p-values that the rate rose (Fisher's exact test over rollouts, and a 
 over tasks, which does not treat a task's K rollouts as independent). It also writes
 `learning_curve.png` into the run directory (the inspector's report shows it):
 
-- top: the training rollouts' mean reward and success rate per iteration, and the share of
-  rollouts kept by the |A| filter (the ones LOOP learned from);
+- top: the training rollouts' mean reward and success rate per iteration, the share of
+  rollouts kept by the |A| filter (the ones LOOP learned from), and, in a run that collects
+  ahead (`train.max_staleness`), the share of groups sampled by an older policy version;
 - bottom: evaluation success per split at each evaluation, with its 95% interval.
 
     python -m loop.run.report runs/quickstart        # print the comparison, redraw the picture
@@ -97,6 +98,9 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
         top.plot(x, [_num(r.get(key)) for r in train], marker="o", label=label)
     kept = [_num(r.get("rollout/kept")) / _num(r.get("rollout/count")) for r in train]
     top.plot(x, kept, linestyle="--", color="grey", label="kept by |A| filter")
+    stale = [_stale_share(r) for r in train]
+    if any(share > 0 for share in stale):
+        top.plot(x, stale, linestyle=":", color="tab:red", label="groups from an older version")
     top.set_ylim(-0.03, 1.03)
     top.set_ylabel("training rollouts")
     top.legend(loc="best", fontsize=8)
@@ -125,6 +129,14 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _stale_share(record: dict[str, Any]) -> float:
+    """The share of an iteration's groups that sampled an older version (`stale/groups_lag_n`,
+    n >= 1; dropped ones included); 0 in runs that record no lags."""
+    lags = {k: _num(v) for k, v in record.items() if k.startswith("stale/groups_lag_")}
+    total = sum(lags.values())
+    return (total - lags.get("stale/groups_lag_0", 0.0)) / total if total else 0.0
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
