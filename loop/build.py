@@ -262,7 +262,7 @@ def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -
     """The started servers' arguments: the model and its length, token-exact log-probs of the
     sampling distribution, prefix caching, LoRA slots for the current and the previous version
     (and the S before it that groups collected ahead may still sample, `train.max_staleness`)."""
-    from loop.generators.vllm import stale_gguf_override
+    from loop.generators.vllm import stale_gguf_override, whole_prompts
 
     settings = config.generator
     model = resolve_model(config.model.name)
@@ -277,6 +277,9 @@ def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -
     ]  # fmt: skip
     if config.model.device == "cpu":
         args.append("--enforce-eager")  # no graphs to capture on CPU
+        whole = whole_prompts(settings.max_model_len)  # seeded CPU sampling: no split prompt
+        args += ["--no-enable-chunked-prefill",
+                 "--max-num-batched-tokens", str(whole["max_num_batched_tokens"])]  # fmt: skip
     if enable_lora:  # vLLM's ranks are powers of two from 8 (and 1)
         rank = next(
             r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= config.model.lora_rank

@@ -103,6 +103,8 @@ class VLLMGenerator:
             "disable_log_stats": True,
         }
         settings.update(stale_gguf_override(model))
+        if _on_cpu():
+            settings.update(whole_prompts(max_model_len))
         settings.update(engine_kwargs)
         try:
             before = child_pids()
@@ -247,3 +249,21 @@ def stale_gguf_override(model: str) -> dict[str, Any]:
         return {}
     log.warning("%s: ignoring a stale GGUF quantization_config (weights are safetensors)", model)
     return {"hf_overrides": {"quantization_config": None}}
+
+
+def whole_prompts(max_model_len: int) -> dict[str, Any]:
+    """Engine settings of vLLM's CPU build: no prompt's prefill split across engine steps.
+
+    A split prefill discards the sample of its partial step and rewinds the request's seeded
+    generator (`set_offset`), which a CPU `torch.Generator` does not support: the step fails
+    ("CPU Generator does not use offset") and with it every request in the batch, which the
+    trainer's seeded rollouts hit as soon as enough of them arrive together. vLLM makes the
+    same change on CPU itself for MLA models (vllm/platforms/cpu.py): chunked prefill off, and
+    a step budget that holds the longest prompt."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 2048)}
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())

@@ -178,7 +178,7 @@ class VLLMServerGenerator:
         Called between iterations, with no request of the new version in flight."""
         version = f"{self.adapter_prefix}-v{next(self._versions)}" if path else self.base_model
         path = Path(path).resolve() if path else None
-        loaded, failures = [], {}
+        loaded, failures, dead = [], {}, {}
         with self._lock:
             previous, previous_path = self.current, self.adapter_path
             self.current, self.adapter_path = version, path
@@ -189,15 +189,20 @@ class VLLMServerGenerator:
                 self._load_on(server, version, path)
                 loaded.append(index)
             except GeneratorError as exc:
-                failures[index] = str(exc)
-        if failures and not loaded:  # the adapter's fault, not the servers': they keep serving
+                if server.process is not None and not (
+                    server.process.alive() and healthy(server.url)
+                ):
+                    dead[index] = str(exc)  # ours and gone: restarted with this version
+                else:
+                    failures[index] = str(exc)
+        if failures and not loaded and not dead:  # the adapter's fault: the servers keep serving
             with self._lock:
                 self.current, self.adapter_path = previous, previous_path
             raise GeneratorError(f"no vLLM server loaded {version}: {'; '.join(failures.values())}")
         for index in loaded:
             self.servers[index].served = version
             self.servers[index].loaded.add(version)
-        for index, failure in failures.items():
+        for index, failure in (failures | dead).items():
             log.warning("vLLM server %d leaves routing: %s", index, failure)
             self._lost(index)  # restarted with the current version where it is ours
         self._live = [v for v in self._live if v != version] + [version] * (path is not None)

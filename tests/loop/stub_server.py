@@ -3,8 +3,10 @@
     python -m tests.loop.stub_server [--env-out FILE] [--fail-with TEXT] [--never-ready]
         --host H --port P
 
-Writes its environment to FILE (JSON), then serves `GET /health` with 200; `--fail-with` prints
-TEXT and exits 1 instead (a failed start-up), `--never-ready` answers 503 forever.
+Writes its environment to FILE (JSON), then serves `GET /health` with 200, and the adapter
+endpoints a publication uses (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`,
+`GET /v1/models`: the names loaded, no weights); `--fail-with` prints TEXT and exits 1 instead
+(a failed start-up), `--never-ready` answers 503 forever.
 """
 
 from __future__ import annotations
@@ -32,10 +34,34 @@ def main() -> None:
         sys.exit(1)
     status = 503 if args.never_ready else 200
 
+    loaded = {"base"}
+
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self.answer(200, {"data": [{"id": name} for name in sorted(loaded)]})
+                return
             self.send_response(status if self.path == "/health" else 404)
             self.end_headers()
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v1/load_lora_adapter":
+                loaded.add(body["lora_name"])
+            elif self.path == "/v1/unload_lora_adapter":
+                loaded.discard(body["lora_name"])
+            else:
+                self.answer(404, {"error": {"message": f"no {self.path}"}})
+                return
+            self.answer(200, {})
+
+        def answer(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def log_message(self, *_: object) -> None:
             pass

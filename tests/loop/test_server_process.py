@@ -147,3 +147,31 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_server_dead_at_publication_is_restarted_with_the_new_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose process died between iterations does not fail the publication (which
+    would stop the run): it leaves routing and comes back serving the version published."""
+    import asyncio
+
+    from loop.generators.vllm_server import VLLMServerGenerator
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    generator = VLLMServerGenerator(
+        base_model="base", adapter_prefix="run", processes=[stub(tmp_path)], start_timeout_s=30
+    )
+    try:
+        server = generator.servers[0]
+        old_pid = server.process.pid
+        os.killpg(old_pid, signal.SIGKILL)
+        (tmp_path / "v1").mkdir()
+        generator.load_adapter(tmp_path / "v1")  # no exception: the server was lost, not refusing
+        deadline = time.monotonic() + 30
+        while server.served != "run-v1" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.served == "run-v1" and generator.restarts == 1
+        assert server.process.pid != old_pid and healthy(server.url)
+    finally:
+        asyncio.run(generator.close())
