@@ -728,9 +728,13 @@ def section_skipped(out: Out) -> None:
     import torch
 
     gpus = torch.cuda.device_count()
+    step = "the trainer under torchrun over nccl (FSDP2, killed and resumed)"
     if gpus < 2:
-        out.row(step="the trainer under torchrun over nccl (FSDP2, killed and resumed)",
-                why=f"needs 2+ GPUs, this machine has {gpus}")  # fmt: skip
+        out.row(step=step, why=f"needs 2+ GPUs, this machine has {gpus}")
+    else:  # the CPU run of it is tests/test_train_torchrun.py (gloo)
+        out.row(step=step, why="not part of this script: run `torchrun --nproc-per-node 2 "
+                "train.py --config configs/quickstart-servers.yaml model.device=cuda "
+                "generator.devices=[2]` by hand")  # fmt: skip
     if importlib.util.find_spec("vllm") is None:
         out.row(step="a vLLM server: adapter publication and learner-vs-server parity",
                 why="vLLM is not installed here")  # fmt: skip
