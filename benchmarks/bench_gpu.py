@@ -734,7 +734,8 @@ def section_skipped(out: Out) -> None:
     else:  # the CPU run of it is tests/test_train_torchrun.py (gloo)
         out.row(step=step, why="not part of this script: run `torchrun --nproc-per-node 2 "
                 "train.py --config configs/quickstart-servers.yaml model.device=cuda "
-                "generator.devices=[2]` by hand")  # fmt: skip
+                "generator.devices=[2]` by hand (3 GPUs: 2 learners, the server on the "
+                "third)")  # fmt: skip
     if importlib.util.find_spec("vllm") is None:
         out.row(step="a vLLM server: adapter publication and learner-vs-server parity",
                 why="vLLM is not installed here")  # fmt: skip
