@@ -39,7 +39,6 @@ works.
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import signal
 import sys
@@ -324,7 +323,6 @@ def _receive_shards(
     than one whole tensor beside its shards."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    gc.collect()  # the model that `weights` came from (modules hold reference cycles)
     device = _device()
     model.to_empty(device=device)  # this rank's shards only
     targets: dict[int, tuple[str, Tensor]] = {}  # tied weights: one tensor, filled once
