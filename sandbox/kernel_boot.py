@@ -16,6 +16,24 @@ BRIDGE_SOCKET = "__BRIDGE_SOCKET__"  # replaced by the host when it writes this 
 MAX_REQUEST_BYTES = 1 << 20  # replaced too: the bridge server's own limit
 MAX_OUTPUT_CHARS = 20_000  # replaced as well: what the host shows of one cell
 DROPPED_MIME = "application/x-loop-dropped"  # the host reads the dropped count from this
+HOST_LIFELINE_FD = -1  # replaced last: a pipe only the host writes to (end-of-file: it is gone)
+
+
+def _loop_watch_host(fd):  # type: ignore[no-untyped-def]
+    """End this kernel when the host process is gone, however it died (its pipe reads EOF)."""
+    import os
+    import threading
+
+    def watch():
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os._exit(0)
+
+    if fd >= 0:
+        threading.Thread(target=watch, name="loop-host-lifeline", daemon=True).start()
 
 
 def _loop_make_apis(socket_path, max_request_bytes):  # type: ignore[no-untyped-def]
@@ -271,9 +289,10 @@ def _loop_cap_errors(max_chars):  # type: ignore[no-untyped-def]
     kernel._publish_execute_input = lambda *args, **kwargs: None
 
 
+_loop_watch_host(HOST_LIFELINE_FD)
 apis, ApiError = _loop_make_apis(BRIDGE_SOCKET, MAX_REQUEST_BYTES)
 _loop_hide_own_frames(BRIDGE_SOCKET.rsplit("/", 1)[0] + "/")
 _loop_cap_output(MAX_OUTPUT_CHARS, DROPPED_MIME)
 _loop_cap_errors(MAX_OUTPUT_CHARS)
 del _loop_make_apis, _loop_hide_own_frames, _loop_cap_output, _loop_cap_errors, BRIDGE_SOCKET
-del MAX_REQUEST_BYTES, MAX_OUTPUT_CHARS, DROPPED_MIME
+del MAX_REQUEST_BYTES, MAX_OUTPUT_CHARS, DROPPED_MIME, _loop_watch_host, HOST_LIFELINE_FD

@@ -52,6 +52,7 @@ BOOT_SOURCE = Path(__file__).with_name("kernel_boot.py")
 _counter = itertools.count(1)
 _counter_lock = threading.Lock()
 _launcher_pool: ThreadPoolExecutor | None = None
+_lifeline: tuple[int, int, int] | None = None  # (host pid, read end, write end)
 
 
 class SandboxStartError(RuntimeError):
@@ -108,6 +109,7 @@ class KernelProcess:
                     stdout=log,
                     stderr=log,
                     stdin=subprocess.DEVNULL,
+                    pass_fds=(host_lifeline(),),
                 )
                 _launcher().submit(launch).result()
             # jupyter_client keeps a control socket for shutdown requests, which we never send
@@ -189,6 +191,23 @@ def _launcher() -> ThreadPoolExecutor:
         return _launcher_pool
 
 
+def host_lifeline() -> int:
+    """The read end of a pipe whose write end only this host process holds; kernels inherit it.
+
+    bwrap's --die-with-parent cannot cover a host killed between a kernel's fork and bwrap's
+    prctl (a SIGKILLed trainer in the middle of a pool refill left a kernel running). Every
+    kernel also reads this pipe (kernel_boot.py) and exits when it reads end-of-file, which the
+    kernel sees however and whenever the host died: the write end closes with the process.
+    Kernels get the read end through `pass_fds`; nothing else the host starts inherits either.
+    """
+    global _lifeline
+    with _counter_lock:
+        if _lifeline is None or _lifeline[0] != os.getpid():  # a forked child makes its own
+            read_end, write_end = os.pipe()
+            _lifeline = (os.getpid(), read_end, write_end)
+        return _lifeline[1]
+
+
 def allocate_uid(number: int) -> int:
     """A uid no other live sandbox of this host process uses (it bounds RLIMIT_NPROC)."""
     return UID_BASE + (os.getpid() % 1024) * 1024 + number % 1024
@@ -244,6 +263,7 @@ def _lay_out(
     boot = BOOT_SOURCE.read_text().replace("__BRIDGE_SOCKET__", str(chan / "bridge.sock"), 1)
     boot = boot.replace("1 << 20  # replaced too", f"{MAX_REQUEST_BYTES}  # replaced too", 1)
     boot = boot.replace("20_000  # replaced as well", f"{max_output_chars}  # replaced as well", 1)
+    boot = boot.replace("-1  # replaced last", f"{host_lifeline()}  # replaced last", 1)
     (chan / "boot.py").write_text(boot)
     (chan / "boot.py").chmod(0o444)
     return plan

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import sandbox.kernel as kernel_module
+import sandbox.process as process_module
 from sandbox import (
     KernelPool,
     Limits,
@@ -181,6 +183,26 @@ def test_a_kernel_started_from_a_short_lived_thread_outlives_it() -> None:
     with box[0] as sb:
         assert sb.alive()
         assert sb.execute("'fine'").output == "'fine'\n"
+
+
+def test_a_kernel_ends_with_its_host_even_where_bwrap_cannot_see_it_die(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host killed between a kernel's fork and bwrap's prctl leaves --die-with-parent unset;
+    the kernel's pipe to the host still reads end-of-file then, and the whole chain ends. Here
+    the write end is closed with the host alive, which bwrap cannot notice at all."""
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(process_module, "_lifeline", (os.getpid(), read_end, write_end))
+    sb = Sandbox(strict=True)
+    monkeypatch.undo()  # later sandboxes get the real lifeline
+    try:
+        assert sb.execute("'up'").output == "'up'\n"
+        os.close(write_end)
+        assert wait_until(lambda: sb._kernel.popen.poll() is not None), "bwrap outlived its host"
+        assert wait_until(lambda: not processes_of(sb.uid)), "kernel outlived its host"
+    finally:
+        sb.close()
+        os.close(read_end)
 
 
 def test_a_kernel_that_died_while_idle_is_replaced_and_the_loss_is_said(sb: Sandbox) -> None:
