@@ -149,6 +149,13 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"sandbox.pool_size: must be >= 0, got {config.sandbox.pool_size}")
     if config.eval.limit is not None and config.eval.limit <= 0:
         raise ConfigError(f"eval.limit: must be > 0, got {config.eval.limit}")
+    if (sampled := config.eval.sampled_rollouts_per_task) < 0:
+        raise ConfigError(f"eval.sampled_rollouts_per_task: must be >= 0, got {sampled}")
+    if sampled and not config.eval.sampled_temperature > 0:  # NaN too
+        raise ConfigError(
+            f"eval.sampled_temperature: must be > 0 for a sampled pass, got "
+            f"{config.eval.sampled_temperature} (greedy is the first pass's eval.temperature)"
+        )
     if config.warm_start.limit is not None and config.warm_start.limit <= 0:
         raise ConfigError(f"warm_start.limit: must be > 0, got {config.warm_start.limit}")
     if config.agent.temperature < 0 or not 0 < config.agent.top_p <= 1:

@@ -178,6 +178,13 @@ class EvalConfig:
     max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
     temperature: float | None = doc(None, "sampling temperature (None: agent.temperature)")
     max_turns: int | None = doc(None, "the turn limit in evaluation (None: agent.max_turns)")
+    sampled_rollouts_per_task: int = doc(
+        0,
+        "also sample K rollouts per task at sampled_temperature in the same pass, written as "
+        "split '<split>@T<t>' (metrics eval/sampled/*): greedy success can rise while sampled "
+        "success does not (0: off)",
+    )
+    sampled_temperature: float = doc(1.0, "the sampled pass's temperature (training's: 1)")
 
 
 CRITIC_ADVANTAGES = ("gae", "verlog")  # train.advantage values that train a value head

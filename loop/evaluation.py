@@ -4,8 +4,11 @@
 
 Writes `<run_dir>/eval/<split>/`: `config.yaml` (resolved), `rollouts.jsonl` (one trajectory per
 line, appended as each finishes, so an interrupted evaluation keeps what it completed) and
-`metrics.json`. The trainer's periodic dev evaluation calls `run_evaluation` too: one code path.
-evaluate.py builds the parts (`loop.build.build_evaluation`) and hands them to `evaluate`.
+`metrics.json`. With `eval.sampled_rollouts_per_task` K > 0 the same pass also samples K
+rollouts per task at `eval.sampled_temperature` into `<run_dir>/eval/<split>@T<t>/` (metrics
+`eval/sampled/*`): a greedy score can rise while the policy's sampled success does not. The
+trainer's periodic evaluation calls `run_evaluations` too: one code path. evaluate.py builds the
+parts (`loop.build.build_evaluation`) and hands them to `evaluate`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,58 @@ def eval_agent_settings(config: RunConfig) -> AgentConfig:
     return dataclasses.replace(config.agent, **changes)
 
 
+def sampled_label(split: str, temperature: float) -> str:
+    """The name a split's sampled pass is written and plotted under: `<split>@T<temperature>`."""
+    return f"{split}@T{temperature:g}"
+
+
+def evaluation_passes(config: RunConfig, split: str) -> list[tuple[str, RunConfig]]:
+    """(label, config) of each pass over `split`: the configured one, labelled by the split,
+    and with eval.sampled_rollouts_per_task K > 0 a second one of K rollouts per task at
+    eval.sampled_temperature (`sampled_label`), so that a greedy score's rise can be told from
+    the policy's."""
+    passes = [(split, config)]
+    settings = config.eval
+    if settings.sampled_rollouts_per_task:
+        sampled = dataclasses.replace(
+            settings,
+            temperature=settings.sampled_temperature,
+            rollouts_per_task=settings.sampled_rollouts_per_task,
+        )
+        label = sampled_label(split, settings.sampled_temperature)
+        passes.append((label, dataclasses.replace(config, eval=sampled)))
+    return passes
+
+
+async def run_evaluations(
+    config: RunConfig,
+    *,
+    suite: TaskSuite,
+    pool: SandboxPool,
+    generator: Generator,
+    tokenizer: Tokenizer,
+    out_dir: Callable[[str], Path],
+    show_progress: bool = True,
+    split: str | None = None,
+) -> dict[str, float]:
+    """Every pass of `evaluation_passes` over `split` (default: eval.split) at once, their
+    rollouts decoding together, each written under `out_dir(label)`: the metrics of the first
+    (`eval/*`) and of the sampled one (`eval/sampled/*`)."""
+    split = split or config.eval.split
+    passes = evaluation_passes(config, split)
+    results = await asyncio.gather(*(
+        run_evaluation(
+            settings, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
+            out_dir=out_dir(label), show_progress=show_progress, split=split, label=label,
+        )
+        for label, settings in passes
+    ))  # fmt: skip
+    metrics = dict(results[0])
+    for scores in results[1:]:
+        metrics |= {"eval/sampled/" + k.removeprefix("eval/"): v for k, v in scores.items()}
+    return metrics
+
+
 async def run_evaluation(
     config: RunConfig,
     *,
@@ -66,9 +122,10 @@ async def run_evaluation(
     out_dir: Path,
     show_progress: bool = True,
     split: str | None = None,
+    label: str | None = None,
 ) -> dict[str, float]:
     """Roll out `split` (default: eval.split), write rollouts and metrics under `out_dir`,
-    return the metrics."""
+    return the metrics (`label` names the progress bar; default: the split)."""
     split = split or config.eval.split
     tasks = suite.tasks(split)
     if config.eval.limit is not None:
@@ -79,7 +136,7 @@ async def run_evaluation(
     write_config(out_dir, written.to_dict())
     progress = tqdm(
         total=len(jobs),
-        desc=f"eval {split}",
+        desc=f"eval {label or split}",
         unit="rollout",
         disable=not show_progress,
         file=sys.stderr,
@@ -114,17 +171,18 @@ def evaluate(
     tokenizer: Tokenizer,
     pool: KernelPool,
 ) -> dict[str, float]:
-    """Evaluate `eval.split` with the built parts (the pool is entered and closed here, the
-    generator closed), print a summary table; returns the metrics."""
+    """Evaluate `eval.split` (and its sampled pass, when configured) with the built parts (the
+    pool is entered and closed here, the generator closed), print a summary table; returns the
+    metrics."""
     started = time.monotonic()
     out_dir = RunDir(config.run_dir).eval_dir(config.eval.split)
 
     async def main() -> dict[str, float]:
         try:
             with pool as entered:
-                return await run_evaluation(
+                return await run_evaluations(
                     config, suite=suite, pool=entered, generator=generator,
-                    tokenizer=tokenizer, out_dir=out_dir,
+                    tokenizer=tokenizer, out_dir=RunDir(config.run_dir).eval_dir,
                 )  # fmt: skip
         finally:
             await generator.close()

@@ -103,7 +103,7 @@ import torch
 
 from loop.algo.credit import Credit, assign_credit, rollout_reward
 from loop.config import ConfigError, RunConfig, TrainConfig
-from loop.evaluation import run_evaluation
+from loop.evaluation import run_evaluations
 from loop.generators import sync
 from loop.learner.batch import Sample, learner_logprobs, make_samples
 from loop.learner.critic import assign_gae, build_critic
@@ -356,17 +356,17 @@ async def evaluate_during_training(
     config: RunConfig, parts: TrainParts, run: RunDir, iteration: int, show_progress: bool
 ) -> dict[str, float]:
     """evaluate.py's evaluation of eval.split (`eval/*`) and of each of eval.more_splits
-    (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/."""
+    (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/ (a sampled pass's under
+    eval/<split>@T<t>/iter-<iteration>/, metrics `.../sampled/*`)."""
     if not distributed.is_main():
         return {}
     started = time.monotonic()
     metrics: dict[str, float] = {}
     for split in [config.eval.split, *config.eval.more_splits]:
-        out_dir = run.eval_dir(split, iteration)
-        scores = await run_evaluation(
+        scores = await run_evaluations(
             config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-            tokenizer=parts.tokenizer, out_dir=out_dir, show_progress=show_progress,
-            split=split,
+            tokenizer=parts.tokenizer, out_dir=lambda label: run.eval_dir(label, iteration),
+            show_progress=show_progress, split=split,
         )  # fmt: skip
         prefix = "eval/" if split == config.eval.split else f"eval/{split}/"
         metrics |= {prefix + key.removeprefix("eval/"): value for key, value in scores.items()}

@@ -28,6 +28,7 @@ def test_evaluate_runs_end_to_end_and_writes_rollouts_and_metrics(tmp_path: Path
     done = evaluate(
         "--config", str(QUICKSTART), "--split", "dev", "--limit", "2", "--rollouts-per-task", "1",
         f"output_dir={tmp_path}", "agent.max_turns=2", "agent.max_new_tokens=48",
+        "eval.sampled_rollouts_per_task=1",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "quickstart" / "eval" / "dev"
@@ -51,6 +52,11 @@ def test_evaluate_runs_end_to_end_and_writes_rollouts_and_metrics(tmp_path: Path
     assert metrics["eval/infra_failures"] == 0
     assert "eval/tgc" in done.stdout  # the summary table
     assert (out / "config.yaml").is_file()
+    # the sampled pass, in the same run: its own folder, its rollouts at temperature 1
+    sampled = tmp_path / "quickstart" / "eval" / "dev@T1"
+    assert len((sampled / "rollouts.jsonl").read_text().splitlines()) == 2
+    assert json.loads((sampled / "metrics.json").read_text())["eval/infra_failures"] == 0
+    assert "eval/sampled/tgc" in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ evaluation (`eval/<split>/iter-0/`, the policy RL started from, after any warm s
 last one (`iter-N/`, the trained policy): success over rollouts with 95% Wilson intervals and
 one-sided p-values that the rate rose (Fisher's exact test over rollouts, and a paired bootstrap
 over tasks, which does not treat a task's K rollouts as independent). It also writes
-`learning_curve.png` into the run directory (the inspector's report shows it):
+`learning_curve.png` into the run directory (the inspector's report shows it), and per
+scenario the same first -> last counts, marking a scenario whose rate fell below its first
+interval (`scenario_tables`). A sampled pass (`eval.sampled_rollouts_per_task`) is a split of
+its own, `<split>@T<t>`, in both:
 
 - top: the training rollouts' mean reward and success rate per iteration, the share of
   rollouts kept by the |A| filter (the ones LOOP learned from), and, in a run that collects
@@ -29,9 +32,10 @@ from loop.run.rundir import RunDir
 from loop.run.significance import Comparison, compare, wilson_interval
 
 
-def eval_points(run_dir: Path) -> dict[str, dict[int, dict[str, list[bool]]]]:
-    """split -> iteration -> task id -> its rollouts' successes, for every in-training
-    evaluation under `run_dir/eval/<split>/iter-N/rollouts.jsonl`."""
+def eval_points(run_dir: Path, by: str = "task_id") -> dict[str, dict[int, dict[str, list[bool]]]]:
+    """split -> iteration -> task id (or another record field, `by`: "scenario_id") -> its
+    rollouts' successes, for every in-training evaluation under
+    `run_dir/eval/<split>/iter-N/rollouts.jsonl` (a sampled pass is the split `<split>@T<t>`)."""
     points: dict[str, dict[int, dict[str, list[bool]]]] = defaultdict(dict)
     for path in RunDir(run_dir).eval_rollout_files():
         iteration = int(path.parent.name.removeprefix("iter-"))
@@ -41,7 +45,7 @@ def eval_points(run_dir: Path) -> dict[str, dict[int, dict[str, list[bool]]]]:
                 record = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
-            outcomes[record["task_id"]].append(bool(record.get("success")))
+            outcomes[str(record[by])].append(bool(record.get("success")))
         if outcomes:
             points[path.parent.parent.name][iteration] = dict(outcomes)
     return dict(points)
@@ -57,6 +61,31 @@ def compare_first_last(run_dir: Path) -> dict[str, Comparison]:
     return result
 
 
+def scenario_tables(run_dir: Path) -> dict[str, list[str]]:
+    """Per split with at least two evaluations and more than one scenario: a line per scenario,
+    first -> last evaluation with Wilson intervals, marked where the last rate falls below the
+    first's interval (a regression beyond noise, which the split's overall rise can hide)."""
+    tables = {}
+    for split, by_iteration in eval_points(run_dir, by="scenario_id").items():
+        first, last = by_iteration[min(by_iteration)], by_iteration[max(by_iteration)]
+        scenarios = sorted(set(first) | set(last))
+        if len(by_iteration) < 2 or len(scenarios) < 2:
+            continue
+        width = max(map(len, scenarios))
+        rows = []
+        for scenario in scenarios:
+            (b_s, b_n), (a_s, a_n) = _count1(first.get(scenario)), _count1(last.get(scenario))
+            b_lo, b_hi = wilson_interval(b_s, b_n)
+            a_lo, a_hi = wilson_interval(a_s, a_n)
+            fell = b_n and a_n and a_s / a_n < b_lo
+            rows.append(
+                f"{scenario:<{width}}  {b_s:>3}/{b_n:<3} [{b_lo:.2f}, {b_hi:.2f}] -> "
+                f"{a_s:>3}/{a_n:<3} [{a_lo:.2f}, {a_hi:.2f}]" + ("  FELL" if fell else "")
+            )
+        tables[split] = rows
+    return tables
+
+
 def learning_report(run_dir: Path) -> str:
     """The before -> after lines, the wall time per stage, and the picture's path."""
     lines = [f"{run_dir}: what training changed (first -> last evaluation, one-sided tests)"]
@@ -64,6 +93,9 @@ def learning_report(run_dir: Path) -> str:
     lines += [f"  {result.line(split)}" for split, result in comparisons.items()]
     if not comparisons:
         lines.append("  (fewer than two evaluations of any split: nothing to compare)")
+    for split, table in scenario_tables(run_dir).items():
+        lines.append(f"  per scenario, {split} (first -> last, successes/rollouts [95% interval]):")
+        lines += [f"    {row}" for row in table]
     records = _metrics(run_dir)
     stages = _stage_times(records)
     if stages:
@@ -156,6 +188,10 @@ def _stage_times(records: list[dict[str, Any]]) -> dict[str, float]:
         if values:
             totals[name] = sum(values)
     return totals
+
+
+def _count1(outcomes: list[bool] | None) -> tuple[int, int]:
+    return (sum(outcomes), len(outcomes)) if outcomes else (0, 0)
 
 
 def _count(outcomes: dict[str, list[bool]]) -> tuple[int, int]:

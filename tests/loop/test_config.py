@@ -73,6 +73,12 @@ SERVERS = "generator.backend=vllm_server"
         ("", ["train.is_cap=0.5"], "train.is_cap: must be >= 1, got 0.5"),
         ("", ["train.is_band=[1.5,2]"], "train.is_band: [low, high] with 0 <= low <= 1 <= high"),
         ("", ["train.is_band=[0.5]"], "train.is_band: [low, high]"),
+        ("", ["eval.sampled_rollouts_per_task=-1"], "eval.sampled_rollouts_per_task: must be >= 0"),
+        (
+            "",
+            ["eval.sampled_rollouts_per_task=2", "eval.sampled_temperature=0"],
+            "eval.sampled_temperature: must be > 0 for a sampled pass, got 0.0",
+        ),
         (
             "",
             ["train.is_correction=mask", "train.ratio_level=trajectory"],
@@ -146,6 +152,18 @@ def test_evaluation_runs_with_its_own_turn_limit_where_set() -> None:
     config = load_config(None, ["agent.max_turns=40", "eval.max_turns=50"])
     assert eval_agent_settings(config).max_turns == 50 and config.agent.max_turns == 40
     assert eval_agent_settings(load_config(None, ["agent.max_turns=40"])).max_turns == 40
+
+
+def test_a_sampled_pass_runs_beside_the_greedy_one_with_its_own_settings() -> None:
+    from loop.evaluation import eval_agent_settings, evaluation_passes
+
+    greedy = load_config(None, ["eval.temperature=0", "eval.rollouts_per_task=1"])
+    assert [label for label, _ in evaluation_passes(greedy, "easy")] == ["easy"]
+    both = load_config(None, ["eval.temperature=0", "eval.sampled_rollouts_per_task=2"])
+    (first, config), (label, sampled) = evaluation_passes(both, "easy")
+    assert (first, config) == ("easy", both) and label == "easy@T1"
+    assert eval_agent_settings(sampled).temperature == 1.0
+    assert sampled.eval.rollouts_per_task == 2 and eval_agent_settings(both).temperature == 0
 
 
 def test_the_8_gpu_config_clips_like_the_reference_with_4_learners() -> None:
