@@ -88,6 +88,15 @@ def check_run(config: RunConfig, world_size: int) -> None:
             f"trains, which generator.backend {config.generator.backend} cannot (it samples "
             "with the learner's weights or its process): use generator.backend: vllm_server"
         )
+    if config.train.split_mismatch and (
+        config.generator.backend != "vllm_server" or not config.model.lora_rank or world_size > 1
+    ):
+        raise ConfigError(
+            "train.split_mismatch loads the LoRA adapter a group sampled into the learner: it "
+            "needs generator.backend vllm_server (published adapters), model.lora_rank > 0 and "
+            f"one learner process, got {config.generator.backend}, lora_rank "
+            f"{config.model.lora_rank}, {world_size} processes"
+        )
     check_devices(config, world_size)
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:

@@ -256,6 +256,13 @@ class TrainConfig:
         "off-policy, verl's and [C]'s async_rollouts). Older groups are dropped and counted; "
         "needs generator.backend vllm_server; pair with is_correction truncate",
     )
+    split_mismatch: bool = doc(
+        False,
+        "with max_staleness >= 1: recompute a stale group's tokens under the adapter it "
+        "sampled (pi_v), so the mu-pi_prox mismatch splits into the engine's (mu vs pi_v) and "
+        "staleness (pi_v vs pi_prox): mismatch/* metrics; one forward pass over the stale "
+        "rollouts; LoRA, one learner process",
+    )
     epochs: int = doc(2, "passes over the kept rollouts per iteration")
     minibatch_size: int = doc(32, "rollouts per optimizer step (the loss is divided by this)")
     micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")

@@ -101,6 +101,7 @@ from typing import Any
 
 import torch
 
+from loop.algo.correction import split_mismatch
 from loop.algo.credit import Credit, assign_credit, rollout_reward
 from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.evaluation import run_evaluations
@@ -163,7 +164,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
     metrics = await prepare_policy(config, parts, run, show_progress) if start == 0 else {}
     for iteration in range(start, cfg.iterations):
-        started = time.monotonic()
+        started, idle_before = time.monotonic(), server_idle_s(parts)
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
         metrics = {"horizon/max_turns": max_turns} | (metrics if iteration == 0 else {})
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
@@ -198,6 +199,10 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 4. Recompute the old log-probs with the learner; compare with the sampler's.
         metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
         check_parity(metrics, cfg)
+        if cfg.split_mismatch:  # the mismatch's engine and staleness parts, at pi_v
+            metrics |= await ahead.off_loop(
+                mismatch_parts, learner, run, samples, groups, iteration
+            )
         critic = await ahead.off_loop(assign_gae, samples, config)  # gae / verlog: old values
         metrics |= critic.metrics
         credit = credit.with_turn_advantages(critic.turn_means)
@@ -213,7 +218,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         ahead.published = iteration + 1
         metrics["time/sync_s"] = time.monotonic() - t_sync
         # 7. Log, save the rollouts, checkpoint.
-        metrics |= throughput(metrics, groups, stats.trained_tokens, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        metrics |= throughput(metrics, groups, stats.trained_tokens, elapsed)
+        if idle_before is not None and (idle_now := server_idle_s(parts)) is not None:
+            metrics |= {"time/server_idle_s": idle_now - idle_before,
+                        "time/server_idle_share": (idle_now - idle_before) / elapsed}  # fmt: skip
         if runlog is not None:
             record_iteration(runlog, config, run, iteration, metrics, groups, credit, kept, samples)
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
@@ -457,6 +466,47 @@ def learn(
         )  # fmt: skip
     finally:
         progress.close()
+
+
+def server_idle_s(parts: TrainParts) -> float | None:
+    """Seconds so far that the inference servers had no request in flight (their mean), for
+    a backend that runs them (vllm_server); None for the others and on ranks without one."""
+    idle = getattr(parts.generator, "idle_seconds", None)
+    return idle() if callable(idle) else None
+
+
+def mismatch_parts(
+    learner: Learner, run: RunDir, samples: list[Sample], groups: list[list[Trajectory]],
+    iteration: int,
+) -> dict[str, float]:  # fmt: skip
+    """`mismatch/*`: the sampler-learner mismatch over the iteration's output tokens, split at
+    pi_v, the learner's log-probs under the version v each rollout sampled: its published
+    adapter (kept while groups may sample it) for a stale rollout, the recompute's for one of
+    the current version (`iteration`; also a rollout that names none, as in the synchronous
+    loop)."""
+    flat = [traj for group in groups for traj in group]
+    versions = [flat[s.source].policy_version for s in samples]
+    behaviour = [s.old_logprobs for s in samples]
+    for version in sorted({v for v in versions if v is not None and v != iteration}):
+        stale = [i for i, v in enumerate(versions) if v == version]
+        found = learner.logprobs_with_adapter(
+            run.adapter_sync(version), [samples[i] for i in stale]
+        )
+        for i, logprobs in zip(stale, found, strict=True):
+            behaviour[i] = logprobs
+    if any(b is None for b in behaviour):
+        raise ValueError("mismatch_parts needs the recomputed old log-probs")
+    split = split_mismatch(
+        torch.cat([s.sampler_logprobs for s in samples]),
+        torch.cat([b for b in behaviour if b is not None]),
+        torch.cat([s.old_logprobs for s in samples if s.old_logprobs is not None]),
+        torch.cat([s.is_output for s in samples]),
+    )
+    return {
+        "mismatch/tokens": split.tokens,
+        "mismatch/engine_k3": split.engine_k3,
+        "mismatch/staleness_k3": split.staleness_k3,
+    }
 
 
 def sync_weights(

@@ -133,3 +133,37 @@ def weight_stats(ratio: Tensor, weights: Tensor, corrected: Tensor, unknown: Ten
         ess=ess,
         mismatch_k3=float(k3.mean()) if k3.numel() else 0.0,
     )
+
+
+class MismatchSplit(NamedTuple):
+    """The mu-pi_prox mismatch of a set of output tokens, split at pi_v (float scalars)."""
+
+    tokens: float  # output tokens with a known mu
+    engine_k3: float  # mean k3 of pi_v / mu: the engine against the learner, same weights
+    staleness_k3: float  # mean k3 of pi_prox / pi_v: the weights sampled against the trained
+
+
+def split_mismatch(
+    sampler_logprobs: Tensor, behaviour_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor
+) -> MismatchSplit:
+    """Split the mismatch between mu (the engine) and pi_prox (the learner now) at pi_v, the
+    learner's log-probs under the weights version v the rollout was sampled with.
+
+    All (n,) or (B, T) tensors of log-probs; mask: bool, the output tokens. A rollout sampled
+    by the current version has pi_v = pi_prox (staleness 0), so the whole mismatch is the
+    engine's; a stale one adds the policy's drift between v and now. Each part is Schulman's
+    k3 = rho - 1 - log rho (>= 0), a sample estimate of a KL from tokens drawn by mu ~ pi_v:
+    engine KL(mu || pi_v), staleness KL(pi_v || pi_prox). Tokens without mu are left out.
+    """
+    if not sampler_logprobs.shape == behaviour_logprobs.shape == old_logprobs.shape == mask.shape:
+        raise ValueError("sampler, behaviour and old log-probs and the mask must be one shape")
+    known = mask & torch.isfinite(sampler_logprobs)
+    if not bool(known.any()):
+        return MismatchSplit(0.0, 0.0, 0.0)
+
+    def k3(log_rho: Tensor) -> float:
+        log_rho = log_rho.double().clamp(min=-MAX_LOG_RATIO, max=MAX_LOG_RATIO)
+        return float((torch.expm1(log_rho) - log_rho).mean())
+
+    mu, pi_v, pi_prox = (t[known] for t in (sampler_logprobs, behaviour_logprobs, old_logprobs))
+    return MismatchSplit(float(known.sum()), k3(pi_v - mu), k3(pi_prox - pi_v))

@@ -71,6 +71,24 @@ class Server:
     restarts: int = 0
     client: OpenAIGenerator | None = None
     client_url: str = ""
+    idle_s: float = 0.0  # seconds with no request in flight, up to `idle_from`
+    idle_from: float = field(default_factory=lambda: time.monotonic())  # since when none is
+
+    def begin(self) -> None:
+        """A request starts on this server."""
+        if self.in_flight == 0:
+            self.idle_s += time.monotonic() - self.idle_from
+        self.in_flight += 1
+
+    def end(self) -> None:
+        """A request on this server ended (answered or failed)."""
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle_from = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        """Seconds so far with no request in flight on this server."""
+        return self.idle_s + (time.monotonic() - self.idle_from if self.in_flight == 0 else 0.0)
 
 
 class VLLMServerGenerator:
@@ -151,7 +169,7 @@ class VLLMServerGenerator:
         index, version = await self._route(prompt_token_ids, params.version)
         server = self.servers[index]
         client = await self._client(server)
-        server.in_flight += 1
+        server.begin()
         self._using[version] += 1
         try:
             salt = {"cache_salt": f"{version}-{self._nonce}"}
@@ -164,12 +182,17 @@ class VLLMServerGenerator:
                 raise GeneratorError(f"vLLM server {index} died during the request") from exc
             raise
         finally:
-            server.in_flight -= 1
+            server.end()
             self._using[version] -= 1
             if version in self._retired and not self._using[version]:
                 await asyncio.to_thread(self._unload, version)
         generation.metadata.update(server=index, adapter_version=version)
         return generation
+
+    def idle_seconds(self) -> float:
+        """Seconds so far that a server had no request in flight, the mean over the servers
+        (the trainer logs each iteration's share: `time/server_idle_*`)."""
+        return sum(server.idle_seconds() for server in self.servers) / len(self.servers)
 
     def load_adapter(self, path: Path | None) -> None:
         """Publish the adapter in `path` (None: the base weights) as a new version on every

@@ -41,6 +41,7 @@ import random
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,6 +64,7 @@ from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden, value
 from loop.learner.settings import LearnerSettings
 from loop.learner.stats import LearnStats, Losses, importance_stats, parity_stats, record_extras
 from loop.model import distributed
+from loop.model.checkpoint import load_adapter
 from loop.model.policy import Policy
 
 
@@ -120,6 +122,32 @@ class Learner:
         finally:
             self.model.train(was_training)
         return parity_stats(samples)
+
+    @torch.no_grad()
+    def logprobs_with_adapter(self, adapter: Path, samples: Sequence[Sample]) -> list[Tensor]:
+        """Each sample's log-probs under the LoRA adapter in `adapter` (a published version:
+        the weights a stale group sampled, pi_v), the current weights put back bit for bit
+        afterwards. One learner process (the adapter is loaded whole)."""
+        if distributed.is_distributed():
+            raise RuntimeError("log-probs under an older adapter need one learner process")
+        saved = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            load_adapter(self.model, adapter)
+            found: list[Tensor] = []
+            for chunk in _chunks(list(samples), self.settings.micro_batch_size):
+                batch = self._collate(chunk)
+                logprobs = self._logprobs(batch, self._hidden(batch)).float().cpu()
+                found += [
+                    logprobs[row, : len(sample.tokens)].clone() for row, sample in enumerate(chunk)
+                ]
+            return found
+        finally:
+            for name, param in self.model.named_parameters():
+                if name in saved:
+                    param.copy_(saved[name])
+            self.model.train(was_training)
 
     # -- 2./3. epochs of minibatch steps ------------------------------------------------------
     def learn(

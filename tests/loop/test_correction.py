@@ -9,16 +9,20 @@ Run: python -m pytest tests/loop/test_correction.py -q
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from loop.algo.correction import behaviour_weights, weight_stats
+from loop.algo.correction import behaviour_weights, split_mismatch, weight_stats
 from loop.algo.losses import clipped_surrogate_loss
 from loop.learner.batch import Sample
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
 from loop.learner.stats import importance_metrics, token_weights
+from loop.model.checkpoint import save_weights
+from loop.model.policy import LoraSettings, policy_from_model
+from tests.loop.conftest import tiny_llama, tiny_tokenizer
 from tests.loop.synthetic import synthetic_policy
 
 T, F = True, False
@@ -177,3 +181,58 @@ def test_the_learner_reports_is_metrics_and_in_sync_the_weights_change_nothing()
         assert metrics["is/mismatch_k3"] == 0
     assert losses["truncate"] == losses["none"]
     assert metrics["is/truncated_frac"] == 0
+
+
+def test_the_mismatch_splits_at_the_sampled_weights_by_hand() -> None:
+    # four tokens: mu, pi_v (the version sampled), pi_prox (now); the third has no mu
+    mu = torch.tensor([LN(0.2), LN(0.5), NAN, LN(0.5)])
+    pi_v = torch.tensor([LN(0.4), LN(0.5), LN(0.3), LN(0.25)])
+    prox = torch.tensor([LN(0.4), LN(0.25), LN(0.9), LN(0.25)])
+    mask = torch.tensor([T, T, T, T])
+
+    def k3(rho: float) -> float:
+        return rho - 1 - math.log(rho)
+
+    split = split_mismatch(mu, pi_v, prox, mask)
+    assert split.tokens == 3
+    assert split.engine_k3 == pytest.approx((k3(2.0) + k3(1.0) + k3(0.5)) / 3)
+    assert split.staleness_k3 == pytest.approx((k3(1.0) + k3(0.5) + k3(1.0)) / 3)
+    # the current version's rollouts: pi_v = pi_prox, the whole mismatch is the engine's
+    same = split_mismatch(mu, prox, prox, mask)
+    assert same.staleness_k3 == 0 and same.engine_k3 > 0
+    assert split_mismatch(mu, pi_v, prox, torch.zeros(4, dtype=torch.bool)).tokens == 0
+
+
+def test_log_probs_under_an_older_adapter_leave_the_current_weights_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    policy = policy_from_model(
+        tiny_llama(), tiny_tokenizer(), torch.device("cpu"), lora=LoraSettings(rank=4, alpha=8)
+    )
+    learner = Learner(policy, LearnerSettings(lr=1e-3, weight_decay=0.0, minibatch_size=1))
+    is_output = torch.arange(10) >= 6
+    sample = Sample(
+        torch.arange(3, 13), is_output, torch.full((10,), NAN), torch.where(is_output, 0, -1),
+        torch.where(is_output, 1.0, 0.0),
+    )  # fmt: skip
+    with torch.no_grad():  # version v: LoRA B factors that count
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    save_weights(policy.model, tmp_path / "v1")
+    learner.recompute_old_logprobs([sample])
+    at_v = sample.old_logprobs
+    with torch.no_grad():  # the learner moves on: version k
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.add_(1.0)
+    now = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    learner.recompute_old_logprobs([sample])
+    assert at_v is not None and sample.old_logprobs is not None
+    assert not torch.equal(at_v, sample.old_logprobs)
+
+    (under_v,) = learner.logprobs_with_adapter(tmp_path / "v1", [sample])
+    assert torch.equal(under_v, at_v)
+    after = dict(policy.model.named_parameters())
+    assert all(torch.equal(after[n], now[n]) for n in now)  # the current weights, exactly
+    assert policy.model.training  # the mode restored as well

@@ -125,3 +125,21 @@ async def test_one_kept_version_is_the_synchronous_behaviour(servers: Any) -> No
     ] == "base"
     with pytest.raises(ValueError, match="keep_versions"):
         servers(0)
+
+
+def test_a_server_is_idle_while_no_request_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(vllm_server.time, "monotonic", lambda: clock[0])
+    server = vllm_server.Server("http://s:1/v1")
+    clock[0] = 103.0
+    assert server.idle_seconds() == 3.0  # idle since it was made
+    server.begin()
+    server.begin()  # two requests overlap
+    clock[0] = 110.0
+    server.end()
+    assert server.idle_seconds() == 3.0  # one still in flight: busy
+    clock[0] = 111.0
+    server.end()
+    clock[0] = 115.0
+    assert server.idle_seconds() == 7.0  # 3 before, 4 since the last one ended
+    assert server.in_flight == 0

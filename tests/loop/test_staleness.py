@@ -7,8 +7,11 @@ Run: python -m pytest tests/loop/test_staleness.py -q
 from __future__ import annotations
 
 import asyncio
+import math
+from pathlib import Path
 
 import pytest
+import torch
 
 from loop.checks import check_run
 from loop.config import ConfigError, load_config
@@ -176,3 +179,49 @@ def test_the_servers_get_lora_slots_for_every_version_a_group_may_sample() -> No
                                     f"train.max_staleness={staleness}"])  # fmt: skip
         args = vllm_server_args(config, "base", enable_lora=True)
         assert args[args.index("--max-loras") + 1] == slots
+
+
+def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: Path) -> None:
+    """The trainer's step 4b: a stale rollout's pi_v comes from its version's published
+    adapter, a current one's from the recompute (fake learner: log-probs by hand)."""
+    from loop.learner.batch import Sample
+    from loop.run.rundir import RunDir
+    from loop.trainer import mismatch_parts
+
+    groups = [group("a", 1), group("b", 2)]  # iteration 2: "a" sampled version 1, "b" is current
+    mask = torch.tensor([False, True, True])
+    samples = []
+    for source in range(4):
+        sample = Sample(torch.arange(3), mask, torch.log(torch.tensor([1.0, 0.5, 0.5])),
+                        torch.tensor([-1, 0, 0]), torch.zeros(3), source=source)  # fmt: skip
+        sample.old_logprobs = torch.log(torch.tensor([1.0, 0.25, 0.5]))  # pi_prox
+        samples.append(sample)
+    asked: list[tuple[Path, list[int]]] = []
+
+    class Learner:
+        def logprobs_with_adapter(self, adapter: Path, chunk: list[Sample]) -> list[torch.Tensor]:
+            asked.append((adapter, [s.source for s in chunk]))
+            return [torch.log(torch.tensor([1.0, 0.5, 0.25])) for _ in chunk]  # pi_v
+
+    run = RunDir(tmp_path)
+    metrics = mismatch_parts(Learner(), run, samples, groups, 2)  # type: ignore[arg-type]
+    assert asked == [(run.adapter_sync(1), [0, 1])]  # once per stale version, its rollouts only
+
+    def k3(rho: float) -> float:
+        return rho - 1 - math.log(rho)
+
+    # stale: engine pi_v/mu = (1, 0.5), staleness pi_prox/pi_v = (0.5, 2); current:
+    # engine pi_prox/mu = (0.5, 1), staleness 1
+    assert metrics["mismatch/tokens"] == 8
+    assert metrics["mismatch/engine_k3"] == pytest.approx((k3(0.5) + k3(0.5)) * 2 / 8)
+    assert metrics["mismatch/staleness_k3"] == pytest.approx((k3(0.5) + k3(2.0)) * 2 / 8)
+
+
+def test_the_split_needs_a_published_lora_and_one_learner() -> None:
+    servers = ["generator.backend=vllm_server", "train.split_mismatch=true"]
+    check_run(load_config(None, servers), 1)
+    for overrides, world in (([*servers, "model.lora_rank=0"], 1), (servers, 2)):
+        with pytest.raises(ConfigError, match=r"train\.split_mismatch loads the LoRA adapter"):
+            check_run(load_config(None, overrides), world)
+    with pytest.raises(ConfigError, match=r"needs generator\.backend vllm_server"):
+        check_run(load_config(None, ["train.split_mismatch=true"]), 1)

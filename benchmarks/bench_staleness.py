@@ -1,0 +1,95 @@
+"""Collecting ahead, measured: `train.max_staleness` 0 against 1, back to back in one run.
+
+Run: python benchmarks/bench_staleness.py [--iterations 2] [--eval-limit 12] [--out DIR]
+     (about an hour on 2 cores with the defaults)
+
+Each run is `train.py --config configs/quickstart-servers.yaml` (one vLLM CPU server the trainer
+starts, bound to core 0; one learner process with one torch thread), the same cached warm start,
+the same seed and tasks, the decoupled correction on (`train.is_correction=truncate`), and a
+greedy evaluation of the first `--eval-limit` held-out tasks before iteration 0 and after the
+last. Printed at the end, from the runs' own metrics.jsonl and evaluation folders: per iteration
+the rollout, learner-wait, learn and publish seconds and the iteration's wall time; the whole
+command's wall time; and held-out success before -> after for each S, with 95% intervals and
+one-sided p-values (loop/run/significance.py), plus S = 1's last evaluation against S = 0's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loop.run.report import compare_first_last, eval_points  # noqa: E402
+from loop.run.significance import compare  # noqa: E402
+
+COLUMNS = (
+    ("time/rollout_s", "rollout"),
+    ("time/wait_rollouts_s", "learner waited"),
+    ("time/learn_s", "learn"),
+    ("time/sync_s", "publish"),
+    ("time/iteration_s", "iteration"),
+)
+
+
+def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> float:
+    """One training run; returns its wall time (the server's start included)."""
+    command = [
+        sys.executable, "train.py", "--config", "configs/quickstart-servers.yaml",
+        f"output_dir={out}", f"name=s{staleness}", f"train.max_staleness={staleness}",
+        "train.is_correction=truncate", f"train.iterations={iterations}",
+        f"train.eval_every={iterations}", f"eval.limit={eval_limit}",
+        "generator.devices=[0]", "model.torch_threads=1", "train.tensorboard=false",
+    ]  # fmt: skip
+    started = time.monotonic()
+    with (out / f"s{staleness}.log").open("w") as log:
+        done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - started
+    print(f"S={staleness}: exit {done.returncode} in {wall:.0f} s (log {out}/s{staleness}.log)")
+    return wall
+
+
+def table(out: Path, walls: dict[int, float]) -> str:
+    lines = ["| S | iteration | " + " | ".join(name for _, name in COLUMNS) + " |"]
+    lines.append("|---" * (len(COLUMNS) + 2) + "|")
+    for staleness in walls:
+        path = out / f"s{staleness}" / "metrics.jsonl"
+        records = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        for record in records:
+            if "rollout/count" not in record:
+                continue
+            cells = [f"{record[k]:.0f}" if k in record else "-" for k, _ in COLUMNS]
+            lines.append(f"| {staleness} | {record['iteration']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"S={s}: whole command {wall:.0f} s" for s, wall in walls.items()]
+    last = {}
+    for staleness in walls:
+        for split, result in compare_first_last(out / f"s{staleness}").items():
+            lines.append(f"S={staleness} held out, first -> last: {result.line(split)}")
+        for by_iteration in eval_points(out / f"s{staleness}").values():
+            last[staleness] = by_iteration[max(by_iteration)]
+    if len(last) == 2:
+        lines.append(f"last evaluation, S=0 -> S=1: {compare(last[0], last[1]).line('held out')}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--eval-limit", type=int, default=12, help="held-out tasks evaluated")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-staleness")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    walls = {s: run(args.out, s, args.iterations, args.eval_limit) for s in (0, 1)}
+    text = table(args.out, walls)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
