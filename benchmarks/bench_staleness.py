@@ -5,10 +5,12 @@ Run: python benchmarks/bench_staleness.py [--iterations 2] [--eval-limit 12] [--
 
 Each run is `train.py --config configs/quickstart-servers.yaml` (one vLLM CPU server the trainer
 starts, bound to core 0; one learner process with one torch thread), the same cached warm start,
-the same seed and tasks, the decoupled correction on (`train.is_correction=truncate`), and a
+the same seed and tasks, the decoupled correction on (`train.is_correction=truncate`), the
+mismatch split at the weights each group sampled (`train.split_mismatch`), and a
 greedy evaluation of the first `--eval-limit` held-out tasks before iteration 0 and after the
 last. Printed at the end, from the runs' own metrics.jsonl and evaluation folders: per iteration
-the rollout, learner-wait, learn and publish seconds and the iteration's wall time; the whole
+the rollout, learner-wait, learn, split and publish seconds, the iteration's wall time, the
+server's idle share and the two parts of the mismatch; the whole
 command's wall time; and held-out success before -> after for each S, with 95% intervals and
 one-sided p-values (loop/run/significance.py), plus S = 1's last evaluation against S = 0's.
 """
@@ -32,8 +34,12 @@ COLUMNS = (
     ("time/rollout_s", "rollout"),
     ("time/wait_rollouts_s", "learner waited"),
     ("time/learn_s", "learn"),
+    ("time/split_mismatch_s", "split (pi_v)"),
     ("time/sync_s", "publish"),
     ("time/iteration_s", "iteration"),
+    ("time/server_idle_share", "server idle share"),
+    ("mismatch/engine_k3", "engine k3"),
+    ("mismatch/staleness_k3", "staleness k3"),
 )
 
 
@@ -42,7 +48,8 @@ def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> float:
     command = [
         sys.executable, "train.py", "--config", "configs/quickstart-servers.yaml",
         f"output_dir={out}", f"name=s{staleness}", f"train.max_staleness={staleness}",
-        "train.is_correction=truncate", f"train.iterations={iterations}",
+        "train.is_correction=truncate", "train.split_mismatch=true",
+        f"train.iterations={iterations}",
         f"train.eval_every={iterations}", f"eval.limit={eval_limit}",
         "generator.devices=[0]", "model.torch_threads=1", "train.tensorboard=false",
     ]  # fmt: skip
@@ -54,6 +61,12 @@ def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> float:
     return wall
 
 
+def cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
 def table(out: Path, walls: dict[int, float]) -> str:
     lines = ["| S | iteration | " + " | ".join(name for _, name in COLUMNS) + " |"]
     lines.append("|---" * (len(COLUMNS) + 2) + "|")
@@ -63,7 +76,7 @@ def table(out: Path, walls: dict[int, float]) -> str:
         for record in records:
             if "rollout/count" not in record:
                 continue
-            cells = [f"{record[k]:.0f}" if k in record else "-" for k, _ in COLUMNS]
+            cells = [cell(record.get(k)) for k, _ in COLUMNS]
             lines.append(f"| {staleness} | {record['iteration']} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"S={s}: whole command {wall:.0f} s" for s, wall in walls.items()]

@@ -97,6 +97,11 @@ def check_run(config: RunConfig, world_size: int) -> None:
             f"one learner process, got {config.generator.backend}, lora_rank "
             f"{config.model.lora_rank}, {world_size} processes"
         )
+    if config.train.kl_coef > 0 and config.train.kl_reference == "start" and world_size > 1:
+        raise ConfigError(
+            "train.kl_reference start loads the starting adapter into the learner for the "
+            f"reference pass, which needs one learner process, got {world_size}"
+        )
     check_devices(config, world_size)
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:

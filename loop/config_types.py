@@ -277,6 +277,13 @@ class TrainConfig:
         "where the KL goes: loss (k3 in the loss, GRPO) | reward (k1 on each output token's "
         "reward before GAE, Verlog's code; gae and verlog only)",
     )
+    kl_reference: Literal["base", "start"] = doc(
+        "base",
+        "the policy the KL (kl_coef) is to: base (the LoRA adapter off: GRPO's and Verlog's "
+        "reference) | start (the policy RL started from: the warm-start adapter or "
+        "model.init_adapter, kept as runs/<name>/kl_reference/, so RL is held near what the "
+        "demonstrations taught, not near the bare model; one learner process)",
+    )
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")

@@ -94,6 +94,7 @@ import dataclasses
 import functools
 import logging
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -152,7 +153,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         training_tasks(parts.suite, cfg), seed=config.seed,
         no_signal_draw_prob=cfg.no_signal_draw_prob, stratify=cfg.stratify,
     )  # fmt: skip
-    learner = build_learner(config, parts.policy)
+    learner = build_learner(config, parts.policy, run)
     start, saved = resume(run, parts.policy, learner, sampler)
     if start > 0:
         sync_weights(parts, run, start - 1)
@@ -163,6 +164,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         stress_test(learner, cfg.max_seq_len)
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
     metrics = await prepare_policy(config, parts, run, show_progress) if start == 0 else {}
+    keep_kl_reference(learner, parts.policy)
     for iteration in range(start, cfg.iterations):
         started, idle_before = time.monotonic(), server_idle_s(parts)
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
@@ -200,9 +202,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
         check_parity(metrics, cfg)
         if cfg.split_mismatch:  # the mismatch's engine and staleness parts, at pi_v
+            t_split = time.monotonic()
             metrics |= await ahead.off_loop(
                 mismatch_parts, learner, run, samples, groups, iteration
             )
+            metrics["time/split_mismatch_s"] = time.monotonic() - t_split
         critic = await ahead.off_loop(assign_gae, samples, config)  # gae / verlog: old values
         metrics |= critic.metrics
         credit = credit.with_turn_advantages(critic.turn_means)
@@ -278,9 +282,27 @@ def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
     return tasks
 
 
-def build_learner(config: RunConfig, policy: Policy) -> Learner:
-    """The learner with the run's optimisation settings."""
-    return Learner(policy, LearnerSettings.for_rl(config), critic=build_critic(config, policy))
+def build_learner(config: RunConfig, policy: Policy, run: RunDir | None = None) -> Learner:
+    """The learner with the run's optimisation settings (`run`: where the KL's starting
+    reference is kept, with `train.kl_reference: start`)."""
+    settings = LearnerSettings.for_rl(config)
+    if config.train.kl_coef > 0 and config.train.kl_reference == "start":
+        if run is None:
+            raise ValueError("train.kl_reference start needs the run directory")
+        settings = dataclasses.replace(settings, reference_adapter=run.kl_reference)
+    return Learner(policy, settings, critic=build_critic(config, policy))
+
+
+def keep_kl_reference(learner: Learner, policy: Policy) -> None:
+    """Save the policy RL starts from as the KL's reference, once (`train.kl_reference:
+    start`; a resumed run keeps the one its first launch saved), whole or not at all."""
+    target = learner.settings.reference_adapter
+    if target is None or target.is_dir():
+        return
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    checkpoint.save_weights(policy.model, partial)
+    partial.rename(target)
 
 
 def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:

@@ -24,8 +24,10 @@ the old values, and each step adds `coef * clipped value loss` and steps the hea
 optimizer; during the critic warm-up the actor is frozen (no policy loss, no policy step). With
 `kl_coef` > 0 (GRPO's KL to the reference, LoRA only) the recompute pass also records the
 reference log-probs, from the same model with the LoRA adapter disabled (peft's
-`disable_adapter()`: no second copy); the reference never changes, so once per iteration is
-enough, and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With
+`disable_adapter()`: no second copy), or, with `reference_adapter` (`train.kl_reference:
+start`), under that saved adapter, loaded in place of the current one for one pass and swapped
+back (`logprobs_with_adapter`); the reference never changes, so once per iteration is enough,
+and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With
 `reference_logprobs` (the KL in the reward, Verlog's way) the recompute records them the same
 way and the loss has no KL term: loop/learner/critic.py folds k1 into the rewards before GAE.
 
@@ -99,6 +101,11 @@ class Learner:
         """The recompute records the reference's log-probs (a KL in the loss or the reward)."""
         return self.settings.kl_coef > 0 or self.settings.reference_logprobs
 
+    @property
+    def _reference_off(self) -> bool:
+        """The reference is the model with its adapter off (not a saved adapter)."""
+        return self._needs_reference and self.settings.reference_adapter is None
+
     # -- 1. old log-probs -------------------------------------------------------------------
     @torch.no_grad()
     def recompute_old_logprobs(self, samples: Sequence[Sample]) -> dict[str, float]:
@@ -111,7 +118,7 @@ class Learner:
                 hidden = self._hidden(batch)
                 logprobs = self._logprobs(batch, hidden).float().cpu()
                 values = self._values(hidden).cpu() if self.critic is not None else None
-                reference = self._reference_logprobs(batch) if self._needs_reference else None
+                reference = self._reference_logprobs(batch) if self._reference_off else None
                 for row, sample in enumerate(chunk):
                     n = len(sample.tokens)
                     sample.old_logprobs = logprobs[row, :n].clone()
@@ -121,6 +128,10 @@ class Learner:
                         sample.ref_logprobs = reference[row, :n].clone()
         finally:
             self.model.train(was_training)
+        if self._needs_reference and self.settings.reference_adapter is not None:
+            found = self.logprobs_with_adapter(self.settings.reference_adapter, samples)
+            for sample, logprobs in zip(samples, found, strict=True):
+                sample.ref_logprobs = logprobs
         return parity_stats(samples)
 
     @torch.no_grad()

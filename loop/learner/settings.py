@@ -9,6 +9,7 @@ ways a run builds them, side by side so they cannot drift.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from loop.config import RunConfig
@@ -34,6 +35,7 @@ class LearnerSettings:
     logprob_chunk_size: int = 1024  # positions per LM-head chunk
     kl_coef: float = 0.0  # GRPO's k3 KL to the reference in the loss (LoRA only)
     reference_logprobs: bool = False  # record log pi_ref in the recompute (a KL in the reward)
+    reference_adapter: Path | None = None  # pi_ref: this LoRA adapter (None: the adapter off)
     is_correction: Literal["none", "truncate", "mask"] = "none"  # w = 1: the paper's loss
     is_cap: float = 2.0  # truncate: verl's and SkyRL's token TIS cap C
     is_band: tuple[float, float] = (0.5, 2.0)  # mask: IcePop's band

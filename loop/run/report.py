@@ -12,7 +12,8 @@ its own, `<split>@T<t>`, in both:
 
 - top: the training rollouts' mean reward and success rate per iteration, the share of
   rollouts kept by the |A| filter (the ones LOOP learned from), and, in a run that collects
-  ahead (`train.max_staleness`), the share of groups sampled by an older policy version;
+  ahead (`train.max_staleness`), the share of groups sampled by an older policy version, and
+  with inference servers the share of each iteration they sat idle;
 - bottom: evaluation success per split at each evaluation, with its 95% interval.
 
     python -m loop.run.report runs/quickstart        # print the comparison, redraw the picture
@@ -133,6 +134,9 @@ def plot_learning_curve(run_dir: Path, records: list[dict[str, Any]] | None = No
     stale = [_stale_share(r) for r in train]
     if any(share > 0 for share in stale):
         top.plot(x, stale, linestyle=":", color="tab:red", label="groups from an older version")
+    idle = [_num(r.get("time/server_idle_share")) for r in train]
+    if any(not math.isnan(share) for share in idle):
+        top.plot(x, idle, linestyle="-.", color="tab:purple", label="servers idle (share)")
     top.set_ylim(-0.03, 1.03)
     top.set_ylabel("training rollouts")
     top.legend(loc="best", fontsize=8)

@@ -11,6 +11,7 @@
     runs/<name>/warm_start/                  the warm start (`WarmStartDir`): adapter/, its
                                              checkpoints/iter-E/, adapter-sync/, eval/epoch-E/
     runs/<name>/learning_curve.png           the learning curve (loop/run/report.py)
+    runs/<name>/kl_reference/                the adapter RL started from (train.kl_reference start)
 
 The trainer, the warm start, evaluation, checkpoints, the report, the inspector's demo run and
 its reader (loop/run/records.py) all go through these names; nothing else spells a file name
@@ -43,6 +44,7 @@ EVAL_METRICS = "metrics.json"
 WARM_START = "warm_start"
 ADAPTER = "adapter"  # a LoRA adapter in PEFT format (also a checkpoint's, loop/model/checkpoint.py)
 LEARNING_CURVE = "learning_curve.png"
+KL_REFERENCE = "kl_reference"
 ITER_NAME = re.compile(r"iter-(\d+)(?:\.jsonl(?:\.gz)?)?$")  # iter-N, iter-N.jsonl[.gz]
 NOT_ROLLOUTS = frozenset({CHECKPOINTS, TENSORBOARD, ADAPTER_SYNC})  # never hold rollouts
 
@@ -87,6 +89,11 @@ class RunDir:
     @property
     def learning_curve(self) -> Path:
         return self.path / LEARNING_CURVE
+
+    @property
+    def kl_reference(self) -> Path:
+        """The LoRA adapter RL started from, the KL's reference with `train.kl_reference: start`."""
+        return self.path / KL_REFERENCE
 
     def rollouts(self, iteration: int) -> Path:
         """The training rollouts of `iteration`."""

@@ -8,6 +8,7 @@ Run: python -m pytest tests/loop/test_critic.py -q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from loop.checks import check_run
 from loop.config import ConfigError, load_config
 from loop.learner.batch import Sample
 from loop.learner.critic import (
@@ -230,6 +232,52 @@ def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> N
     # Iteration 0's one step starts from B = 0: the policy is the reference, k3 = 0 exactly.
     assert records[0]["loss/kl_ref"] == 0.0
     assert records[1]["loss/kl_ref"] > 0.0  # after one step the adapter has moved
+
+
+def test_the_kl_to_the_starting_policy_is_kept_and_trained_against(tmp_path: Path) -> None:
+    from tests.loop.test_trainer import rewards
+
+    records = _train_lora_on_words(tmp_path, "start", [
+        "train.advantage=grpo", "train.strictly_on_policy=true", "train.epochs=1",
+        "train.kl_coef=0.04", "train.kl_reference=start",
+    ])  # fmt: skip
+    assert len(rewards(records)) == 2
+    assert (tmp_path / "start" / "kl_reference" / "adapter_model.safetensors").is_file()
+    assert records[0]["loss/kl_ref"] == 0.0  # the first step starts at the reference
+    assert records[1]["loss/kl_ref"] > 0.0
+
+
+def test_the_starting_reference_is_that_adapter_not_the_base(tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from loop.model.checkpoint import save_weights
+
+    policy = synthetic_policy()
+    policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules="all-linear"))
+    with torch.no_grad():  # the starting policy: an adapter that counts
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    save_weights(policy.model, tmp_path / "start")
+    settings = LearnerSettings(lr=1e-3, weight_decay=0.0, minibatch_size=1, kl_coef=0.04)
+    start, base = (
+        Learner(policy, dataclasses.replace(settings, reference_adapter=tmp_path / "start")),
+        Learner(policy, settings),
+    )
+    is_output = torch.arange(10) >= 6
+    sample = Sample(
+        torch.arange(3, 13), is_output, torch.full((10,), math.nan),
+        torch.where(is_output, 0, -1), torch.where(is_output, 1.0, 0.0),
+    )  # fmt: skip
+    start.recompute_old_logprobs([sample])  # the policy is still the starting one
+    assert sample.ref_logprobs is not None and sample.old_logprobs is not None
+    assert torch.equal(sample.ref_logprobs, sample.old_logprobs)
+    base.recompute_old_logprobs([sample])  # the adapter off: another distribution
+    assert sample.ref_logprobs is not None and sample.old_logprobs is not None
+    assert not torch.allclose(sample.ref_logprobs, sample.old_logprobs)
+    with pytest.raises(ConfigError, match="needs one learner process, got 2"):
+        check_run(load_config(None, ["train.kl_coef=0.04", "train.kl_reference=start",
+                                     "generator.backend=vllm_server"]), 2)  # fmt: skip
 
 
 def test_verlogs_kl_in_the_reward_and_whitening_train_a_lora_policy(tmp_path: Path) -> None:
