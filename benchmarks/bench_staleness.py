@@ -43,8 +43,8 @@ COLUMNS = (
 )
 
 
-def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> float:
-    """One training run; returns its wall time (the server's start included)."""
+def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> tuple[float, int]:
+    """One training run; returns its wall time (the server's start included) and exit code."""
     command = [
         sys.executable, "train.py", "--config", "configs/quickstart-servers.yaml",
         f"output_dir={out}", f"name=s{staleness}", f"train.max_staleness={staleness}",
@@ -58,7 +58,7 @@ def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> float:
         done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     wall = time.monotonic() - started
     print(f"S={staleness}: exit {done.returncode} in {wall:.0f} s (log {out}/s{staleness}.log)")
-    return wall
+    return wall, done.returncode
 
 
 def cell(value: float | None) -> str:
@@ -67,7 +67,7 @@ def cell(value: float | None) -> str:
     return f"{value:.0f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
-def table(out: Path, walls: dict[int, float]) -> str:
+def table(out: Path, walls: dict[int, tuple[float, int]], iterations: int) -> str:
     lines = ["| S | iteration | " + " | ".join(name for _, name in COLUMNS) + " |"]
     lines.append("|---" * (len(COLUMNS) + 2) + "|")
     for staleness in walls:
@@ -79,13 +79,14 @@ def table(out: Path, walls: dict[int, float]) -> str:
             cells = [cell(record.get(k)) for k, _ in COLUMNS]
             lines.append(f"| {staleness} | {record['iteration']} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines += [f"S={s}: whole command {wall:.0f} s" for s, wall in walls.items()]
+    lines += [f"S={s}: whole command {t:.0f} s, exit {code}" for s, (t, code) in walls.items()]
     last = {}
     for staleness in walls:
         for split, result in compare_first_last(out / f"s{staleness}").items():
             lines.append(f"S={staleness} held out, first -> last: {result.line(split)}")
         for by_iteration in eval_points(out / f"s{staleness}").values():
-            last[staleness] = by_iteration[max(by_iteration)]
+            if iterations in by_iteration:  # the run got to its final evaluation
+                last[staleness] = by_iteration[iterations]
     if len(last) == 2:
         lines.append(f"last evaluation, S=0 -> S=1: {compare(last[0], last[1]).line('held out')}")
     return "\n".join(lines)
@@ -99,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     walls = {s: run(args.out, s, args.iterations, args.eval_limit) for s in (0, 1)}
-    text = table(args.out, walls)
+    text = table(args.out, walls, args.iterations)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
 

@@ -101,6 +101,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from loop.algo.correction import split_mismatch
 from loop.algo.credit import Credit, assign_credit, rollout_reward
@@ -164,7 +165,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         stress_test(learner, cfg.max_seq_len)
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
     metrics = await prepare_policy(config, parts, run, show_progress) if start == 0 else {}
-    keep_kl_reference(learner, parts.policy)
+    keep_start(learner, parts, run, cfg)
     for iteration in range(start, cfg.iterations):
         started, idle_before = time.monotonic(), server_idle_s(parts)
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
@@ -293,16 +294,20 @@ def build_learner(config: RunConfig, policy: Policy, run: RunDir | None = None) 
     return Learner(policy, settings, critic=build_critic(config, policy))
 
 
-def keep_kl_reference(learner: Learner, policy: Policy) -> None:
-    """Save the policy RL starts from as the KL's reference, once (`train.kl_reference:
-    start`; a resumed run keeps the one its first launch saved), whole or not at all."""
-    target = learner.settings.reference_adapter
-    if target is None or target.is_dir():
-        return
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    checkpoint.save_weights(policy.model, partial)
-    partial.rename(target)
+def keep_start(learner: Learner, parts: TrainParts, run: RunDir, cfg: TrainConfig) -> None:
+    """Save the policy RL starts from where later steps read it, once: the KL's reference
+    (`train.kl_reference: start`) and version 0's adapter, pi_v of the groups that sampled it
+    (`train.split_mismatch`; a warm start serves its own copy). A resumed run keeps what its
+    first launch saved."""
+    targets = [learner.settings.reference_adapter]
+    targets += [run.adapter_sync(0)] if cfg.split_mismatch else []
+    for target in targets:
+        if target is None or target.is_dir():
+            continue
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        checkpoint.save_weights(parts.policy.model, partial)  # whole or not at all
+        partial.rename(target)
 
 
 def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
@@ -511,18 +516,25 @@ def mismatch_parts(
     behaviour = [s.old_logprobs for s in samples]
     for version in sorted({v for v in versions if v is not None and v != iteration}):
         stale = [i for i, v in enumerate(versions) if v == version]
-        found = learner.logprobs_with_adapter(
-            run.adapter_sync(version), [samples[i] for i in stale]
-        )
+        adapter = run.adapter_sync(version)
+        if not adapter.is_dir():  # a diagnostic: it never stops the run
+            log.warning("split_mismatch: no adapter of version %d at %s", version, adapter)
+            for i in stale:
+                behaviour[i] = None
+            continue
+        found = learner.logprobs_with_adapter(adapter, [samples[i] for i in stale])
         for i, logprobs in zip(stale, found, strict=True):
             behaviour[i] = logprobs
-    if any(b is None for b in behaviour):
-        raise ValueError("mismatch_parts needs the recomputed old log-probs")
+    scored: list[tuple[Sample, Tensor, Tensor]] = [
+        (s, s.old_logprobs, b)
+        for s, b in zip(samples, behaviour, strict=True)
+        if s.old_logprobs is not None and b is not None
+    ]
     split = split_mismatch(
-        torch.cat([s.sampler_logprobs for s in samples]),
-        torch.cat([b for b in behaviour if b is not None]),
-        torch.cat([s.old_logprobs for s in samples if s.old_logprobs is not None]),
-        torch.cat([s.is_output for s in samples]),
+        torch.cat([s.sampler_logprobs for s, _, _ in scored]),
+        torch.cat([b for _, _, b in scored]),
+        torch.cat([old for _, old, _ in scored]),
+        torch.cat([s.is_output for s, _, _ in scored]),
     )
     return {
         "mismatch/tokens": split.tokens,

@@ -4,7 +4,8 @@ configs/quickstart-servers.yaml shortened to two iterations of 2 tasks x 2 rollo
 start: iteration 0 is collected as usual; iteration 1's groups are dispatched while iteration 0
 learns, so they sample the version published before (the base weights), every turn of every
 rollout of a group names that one version, and the learner weighs their tokens by the
-truncated importance weight (`is_correction: truncate`). The server is stopped with the run.
+truncated importance weight (`is_correction: truncate`), and the mismatch is split at the
+version each group sampled (`split_mismatch`). The server is stopped with the run.
 
 Run: python -m pytest tests/test_train_overlap_server.py -q -s   (`slow`: about 6 min on 2 cores)
 """
@@ -26,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 SERVERS = ROOT / "configs" / "quickstart-servers.yaml"
 ARGS = [
     *(a for a in SHORT if not a.startswith("train.iterations=")), "train.iterations=2",
-    "train.max_staleness=1", "train.is_correction=truncate", "warm_start.source=none",
+    "train.max_staleness=1", "train.is_correction=truncate", "train.split_mismatch=true",
+    "warm_start.source=none",
     "train.stress_test=false", "train.tensorboard=false", "agent.max_new_tokens=48",
 ]  # fmt: skip
 
@@ -63,5 +65,16 @@ def test_the_next_iteration_is_collected_on_the_published_version_while_one_lear
         assert len(versions) == 1, (iteration, versions)  # every turn: one version
         names.append(versions.pop())
     assert names[0] == names[1] and names[0][0] == 0  # the base weights, in both iterations
+    # the mismatch split at pi_v: none of it staleness in iteration 0; in iteration 1 the
+    # groups sampled version 0 (its adapter saved at the start, loaded for the split), the
+    # learner holds version 1, which differs from it exactly when iteration 0's steps moved
+    # the weights (these short rollouts often all score alike: zero advantages, no move)
+    assert (run_dir / "adapter-sync" / "iter-0" / "adapter_model.safetensors").is_file()
+    assert records[0]["mismatch/staleness_k3"] == 0 and records[1]["time/split_mismatch_s"] > 0
+    moved = records[0]["loss/grad_norm"] > 0
+    assert (records[1]["mismatch/staleness_k3"] > 0) == moved, records[1]
+    for record in records:  # the engine's part: vLLM against the learner, float32
+        assert 0 <= record["mismatch/engine_k3"] < 1e-3, record
+        assert record["mismatch/tokens"] == record["is/tokens"], record
     log = (run_dir / "servers" / "server-0.log").read_text()
     assert "quickstart-servers-v1" in log and "--max-loras" in log

@@ -88,29 +88,40 @@ def pick_tokens(
 ) -> Tensor:
     """logits: (B, V) of the next token. Samples each unfinished row, records token, log-prob
     and finish reason in place; returns (B,) token ids to feed back (done rows repeat their
-    last token, whose outputs are ignored)."""
+    last token, whose outputs are ignored).
+
+    Each row draws from its own seeded generator (so a rollout's tokens do not depend on the
+    rows beside it), but the draws and the log-prob lookups stay on the device and come back
+    in one transfer per step: on a GPU a per-row `int()` would wait for the device twice a
+    row (66 waits a step at 32 rows, measured by benchmarks/bench_gpu.py)."""
     temperatures = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
     row_logprobs = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)  # (B, V)
-    tokens = []
-    for row, p in enumerate(params):
-        if finish[row] is not None:
-            tokens.append(sampled[row][-1])
-            continue
-        dist = (
-            top_p_logprobs(row_logprobs[row], p.top_p) if p.temperature > 0 else row_logprobs[row]
-        )
+    active = [row for row, reason in enumerate(finish) if reason is None]
+    draws: list[Tensor] = []
+    chosen: list[Tensor] = []
+    for row in active:
+        p = params[row]
         if p.temperature > 0:
-            token = int(torch.multinomial(dist.exp(), 1, generator=rngs[row]))
+            dist = top_p_logprobs(row_logprobs[row], p.top_p)
+            draw = torch.multinomial(dist.exp(), 1, generator=rngs[row])
         else:
-            token = int(dist.argmax())
-        sampled[row].append(token)
-        logprobs[row].append(float(dist[token]))
-        if token in p.stop_token_ids:
-            finish[row] = "stop"
-        elif len(sampled[row]) >= p.max_new_tokens:
-            finish[row] = "length"
-        tokens.append(token)
-    return torch.tensor(tokens, device=logits.device)
+            dist = row_logprobs[row]
+            draw = dist.argmax().reshape(1)
+        draws.append(draw)
+        chosen.append(dist.gather(0, draw))
+    if active:  # one transfer: the tokens (exact in float64) and their log-probs
+        both = torch.cat([torch.cat(draws).double(), torch.cat(chosen).double()]).tolist()
+        for row, token_f, logprob in zip(
+            active, both[: len(active)], both[len(active) :], strict=True
+        ):
+            token, p = int(token_f), params[row]
+            sampled[row].append(token)
+            logprobs[row].append(logprob)
+            if token in p.stop_token_ids:
+                finish[row] = "stop"
+            elif len(sampled[row]) >= p.max_new_tokens:
+                finish[row] = "length"
+    return torch.tensor([ids[-1] for ids in sampled], device=logits.device)
 
 
 def top_p_logprobs(logprobs: Tensor, top_p: float) -> Tensor:

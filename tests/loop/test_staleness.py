@@ -204,6 +204,7 @@ def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: P
             return [torch.log(torch.tensor([1.0, 0.5, 0.25])) for _ in chunk]  # pi_v
 
     run = RunDir(tmp_path)
+    run.adapter_sync(1).mkdir(parents=True)
     metrics = mismatch_parts(Learner(), run, samples, groups, 2)  # type: ignore[arg-type]
     assert asked == [(run.adapter_sync(1), [0, 1])]  # once per stale version, its rollouts only
 
@@ -215,6 +216,11 @@ def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: P
     assert metrics["mismatch/tokens"] == 8
     assert metrics["mismatch/engine_k3"] == pytest.approx((k3(0.5) + k3(0.5)) * 2 / 8)
     assert metrics["mismatch/staleness_k3"] == pytest.approx((k3(0.5) + k3(2.0)) * 2 / 8)
+    # a version whose adapter is gone: its rollouts are left out, the run goes on
+    run.adapter_sync(1).rmdir()
+    metrics = mismatch_parts(Learner(), run, samples, groups, 2)  # type: ignore[arg-type]
+    assert metrics["mismatch/tokens"] == 4 and metrics["mismatch/staleness_k3"] == 0
+    assert metrics["mismatch/engine_k3"] == pytest.approx(k3(0.5) / 2)
 
 
 def test_the_split_needs_a_published_lora_and_one_learner() -> None:
