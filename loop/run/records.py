@@ -8,6 +8,7 @@ What PATH may be, and where each rollout's split and iteration come from:
     runs/<name>/eval/<split>/rollouts.jsonl   evaluate.py: split from its config.yaml
                                               (eval.split), else the directory name
     runs/<name>/eval/<split>/iter-N/rollouts.jsonl   periodic evaluations at iteration N
+    runs/<name>/eval/<split>@T<t>/...         their sampled pass: the split is the folder's name
     any .jsonl or .jsonl.gz file              one rollout per line, `Trajectory.to_json()`
 
 Files are read one line at a time (`read_rollouts`), so a run of any size is never held in
@@ -114,6 +115,8 @@ def _source_of(path: Path) -> Source:
     split = _configured_split(path.parent) or _configured_split(folder)
     if split is None and path.name.startswith("rollouts."):  # evaluate.py's eval/<split>/
         split = folder.name
+    elif split is not None and folder.name.startswith(split + "@"):
+        split = folder.name  # a sampled pass of that split (eval/<split>@T<t>/)
     return Source(path, split, iteration, training=False)
 
 

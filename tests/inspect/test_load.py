@@ -88,6 +88,15 @@ def test_an_eval_directory_takes_its_split_from_config(tmp_path: Path) -> None:
     assert same.split == "test_normal"
 
 
+def test_a_sampled_pass_is_its_own_split_beside_the_greedy_one(tmp_path: Path) -> None:
+    for name in ("dev", "dev@T1"):  # evaluate.py writes the real split in both configs
+        folder = tmp_path / "eval" / name / "iter-0"
+        write_jsonl(folder / "rollouts.jsonl", [rollout_a().to_json()])
+        (folder / "config.yaml").write_text("eval:\n  split: dev\n")
+    sources = find_sources(tmp_path / "eval")
+    assert sorted(source.split or "" for source in sources) == ["dev", "dev@T1"]
+
+
 def test_a_single_file_of_any_name(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "mine.jsonl", [rollout_a().to_json(), rollout_b().to_json()])
     [source] = find_sources(path)
