@@ -175,21 +175,23 @@ def evaluate(
     pool is entered and closed here, the generator closed), print a summary table; returns the
     metrics."""
     started = time.monotonic()
-    out_dir = RunDir(config.run_dir).eval_dir(config.eval.split)
+    run = RunDir(config.run_dir)
 
     async def main() -> dict[str, float]:
         try:
             with pool as entered:
                 return await run_evaluations(
                     config, suite=suite, pool=entered, generator=generator,
-                    tokenizer=tokenizer, out_dir=RunDir(config.run_dir).eval_dir,
+                    tokenizer=tokenizer, out_dir=run.eval_dir,
                 )  # fmt: skip
         finally:
             await generator.close()
 
     metrics = asyncio.run(main())
     print(summary_table(metrics, title=f"{config.name}: {config.eval.split}"))
-    print(f"rollouts and metrics in {out_dir} ({time.monotonic() - started:.0f} s)")
+    passes = evaluation_passes(config, config.eval.split)
+    folders = [str(run.eval_dir(label)) for label, _ in passes]
+    print(f"rollouts and metrics in {', '.join(folders)} ({time.monotonic() - started:.0f} s)")
     return metrics
 
 
