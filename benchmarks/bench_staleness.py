@@ -1,7 +1,8 @@
 """Collecting ahead, measured: `train.max_staleness` 0 against 1, back to back in one run.
 
 Run: python benchmarks/bench_staleness.py [--iterations 2] [--eval-limit 12] [--out DIR]
-     (about an hour on 2 cores with the defaults)
+     (about an hour on 2 cores with the defaults; `--runs 1` runs S = 1 alone, the table keeps
+     an earlier S = 0 from the same --out)
 
 Each run is `train.py --config configs/quickstart-servers.yaml` (one vLLM CPU server the trainer
 starts, bound to core 0; one learner process with one torch thread), the same cached warm start,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +55,7 @@ def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> tuple[fl
         f"train.eval_every={iterations}", f"eval.limit={eval_limit}",
         "generator.devices=[0]", "model.torch_threads=1", "train.tensorboard=false",
     ]  # fmt: skip
+    shutil.rmtree(out / f"s{staleness}", ignore_errors=True)  # a run left there would resume
     started = time.monotonic()
     with (out / f"s{staleness}.log").open("w") as log:
         done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -97,9 +100,20 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--eval-limit", type=int, default=12, help="held-out tasks evaluated")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-staleness")
+    parser.add_argument(
+        "--runs", type=int, nargs="+", default=[0, 1],
+        help="which S to run now; the table also shows runs kept in --out from before",
+    )  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    walls = {s: run(args.out, s, args.iterations, args.eval_limit) for s in (0, 1)}
+    kept = args.out / "walls.json"
+    walls: dict[int, tuple[float, int]] = {}
+    if kept.exists():
+        walls = {int(k): (float(v[0]), int(v[1])) for k, v in json.loads(kept.read_text()).items()}
+    for staleness in args.runs:
+        walls[staleness] = run(args.out, staleness, args.iterations, args.eval_limit)
+        kept.write_text(json.dumps(walls))
+    walls = dict(sorted(walls.items()))
     text = table(args.out, walls, args.iterations)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
