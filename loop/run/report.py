@@ -73,9 +73,9 @@ def scenario_tables(run_dir: Path) -> dict[str, list[str]]:
         if len(by_iteration) < 2 or len(scenarios) < 2:
             continue
         width = max(map(len, scenarios))
-        rows = []
+        rows, ends = [], (first, last)
         for scenario in scenarios:
-            (b_s, b_n), (a_s, a_n) = _count1(first.get(scenario)), _count1(last.get(scenario))
+            (b_s, b_n), (a_s, a_n) = (_count({scenario: e.get(scenario, [])}) for e in ends)
             b_lo, b_hi = wilson_interval(b_s, b_n)
             a_lo, a_hi = wilson_interval(a_s, a_n)
             fell = b_n and a_n and a_s / a_n < b_lo
@@ -192,10 +192,6 @@ def _stage_times(records: list[dict[str, Any]]) -> dict[str, float]:
         if values:
             totals[name] = sum(values)
     return totals
-
-
-def _count1(outcomes: list[bool] | None) -> tuple[int, int]:
-    return (sum(outcomes), len(outcomes)) if outcomes else (0, 0)
 
 
 def _count(outcomes: dict[str, list[bool]]) -> tuple[int, int]:
