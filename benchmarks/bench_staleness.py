@@ -1,19 +1,21 @@
 """Collecting ahead, measured: `train.max_staleness` 0 against 1, back to back in one run.
 
 Run: python benchmarks/bench_staleness.py [--iterations 2] [--eval-limit 12] [--out DIR]
-     (about an hour on 2 cores with the defaults; `--runs 1` runs S = 1 alone, the table keeps
-     an earlier S = 0 from the same --out)
+     (about an hour on 2 cores with the defaults, 80 minutes with `--eval-limit 0`, all 36
+     held-out tasks; `--runs 1` runs S = 1 alone, the table keeps an earlier S = 0 from the
+     same --out)
 
 Each run is `train.py --config configs/quickstart-servers.yaml` (one vLLM CPU server the trainer
 starts, bound to core 0; one learner process with one torch thread), the same cached warm start,
 the same seed and tasks, the decoupled correction on (`train.is_correction=truncate`), the
-mismatch split at the weights each group sampled (`train.split_mismatch`), and a
-greedy evaluation of the first `--eval-limit` held-out tasks before iteration 0 and after the
-last. Printed at the end, from the runs' own metrics.jsonl and evaluation folders: per iteration
-the rollout, learner-wait, learn, split and publish seconds, the iteration's wall time, the
-server's idle share and the two parts of the mismatch; the whole
-command's wall time; and held-out success before -> after for each S, with 95% intervals and
-one-sided p-values (loop/run/significance.py), plus S = 1's last evaluation against S = 0's.
+mismatch split at the weights each group sampled (`train.split_mismatch`), and a greedy
+evaluation of the first `--eval-limit` held-out tasks (0: all of them) before iteration 0 and
+after the last. Printed at the end, from the runs' own metrics.jsonl and evaluation folders:
+per iteration the rollout, learner-wait, learn, split and publish seconds, the iteration's wall
+time, the server's idle share and the two parts of the mismatch; the whole command's wall
+time; and held-out success before -> after for each S, with 95% intervals and one-sided
+p-values (loop/run/significance.py), overall and per scenario, plus S = 1's last evaluation
+against S = 0's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loop.run.report import compare_first_last, eval_points  # noqa: E402
+from loop.run.report import compare_first_last, eval_points, scenario_tables  # noqa: E402
 from loop.run.significance import compare  # noqa: E402
 
 COLUMNS = (
@@ -52,7 +54,7 @@ def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> tuple[fl
         f"output_dir={out}", f"name=s{staleness}", f"train.max_staleness={staleness}",
         "train.is_correction=truncate", "train.split_mismatch=true",
         f"train.iterations={iterations}",
-        f"train.eval_every={iterations}", f"eval.limit={eval_limit}",
+        f"train.eval_every={iterations}", f"eval.limit={eval_limit or 'null'}",
         "generator.devices=[0]", "model.torch_threads=1", "train.tensorboard=false",
     ]  # fmt: skip
     shutil.rmtree(out / f"s{staleness}", ignore_errors=True)  # a run left there would resume
@@ -87,6 +89,8 @@ def table(out: Path, walls: dict[int, tuple[float, int]], iterations: int) -> st
     for staleness in walls:
         for split, result in compare_first_last(out / f"s{staleness}").items():
             lines.append(f"S={staleness} held out, first -> last: {result.line(split)}")
+        for split, rows in scenario_tables(out / f"s{staleness}").items():
+            lines += [f"S={staleness} {split} by scenario, first -> last:", *rows]
         for by_iteration in eval_points(out / f"s{staleness}").values():
             if iterations in by_iteration:  # the run got to its final evaluation
                 last[staleness] = by_iteration[iterations]
@@ -98,7 +102,9 @@ def table(out: Path, walls: dict[int, tuple[float, int]], iterations: int) -> st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=2)
-    parser.add_argument("--eval-limit", type=int, default=12, help="held-out tasks evaluated")
+    parser.add_argument(
+        "--eval-limit", type=int, default=12, help="held-out tasks evaluated (0: all)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-staleness")
     parser.add_argument(
         "--runs", type=int, nargs="+", default=[0, 1],

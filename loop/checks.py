@@ -102,6 +102,7 @@ def check_run(config: RunConfig, world_size: int) -> None:
             "train.kl_reference start loads the starting adapter into the learner for the "
             f"reference pass, which needs one learner process, got {world_size}"
         )
+    _check_demo_replay(config, world_size)
     check_devices(config, world_size)
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
@@ -260,6 +261,25 @@ def _check_correction(train: TrainConfig) -> None:
         raise ConfigError(
             f"train.is_correction {train.is_correction} weighs tokens of the clipped loss: it "
             f"needs train.loss ppo and ratio_level token, got {train.loss}, {train.ratio_level}"
+        )
+
+
+def _check_demo_replay(config: RunConfig, world_size: int) -> None:
+    """train.demo_coef: the demonstrations must exist, and shard evenly over the learners."""
+    cfg = config.train
+    if not cfg.demo_coef >= 0:
+        raise ConfigError(f"train.demo_coef: must be >= 0, got {cfg.demo_coef}")
+    if not cfg.demo_coef:
+        return
+    if config.warm_start.source not in ("gold", "rollouts"):
+        raise ConfigError(
+            "train.demo_coef replays the warm start's demonstrations: it needs "
+            f"warm_start.source gold or rollouts, got {config.warm_start.source}"
+        )
+    if cfg.demos_per_step < 1 or cfg.demos_per_step % world_size:
+        raise ConfigError(
+            f"train.demos_per_step: must be a positive multiple of the {world_size} learner "
+            f"processes, got {cfg.demos_per_step}"
         )
 
 

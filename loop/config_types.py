@@ -284,6 +284,18 @@ class TrainConfig:
         "model.init_adapter, kept as runs/<name>/kl_reference/, so RL is held near what the "
         "demonstrations taught, not near the bare model; one learner process)",
     )
+    demo_coef: float = doc(
+        0.0,
+        "lambda of a cross-entropy term on the warm start's demonstrations added to every "
+        "step's loss, against forgetting what they taught (0: off, the paper). Replay of "
+        "supervised data during RL, as InstructGPT's PPO-ptx mixes pretraining gradients "
+        "(Ouyang et al. 2022); needs warm_start.source gold or rollouts",
+    )
+    demos_per_step: int = doc(
+        2,
+        "demo_coef > 0: demonstrations in each step's term (cycled in a seeded order; a "
+        "multiple of the learner processes)",
+    )
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")

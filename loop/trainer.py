@@ -126,7 +126,7 @@ from loop.run.report import learning_report
 from loop.run.rundir import RunDir, write_config
 from loop.run.runlog import RunLog, summary_line, write_rollouts
 from loop.seeds import minibatch_seed, shuffle_seed
-from loop.warmstart import load_init_adapter, warm_start
+from loop.warmstart import demo_sample, demonstrations, load_init_adapter, warm_start
 from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,9 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
     metrics = await prepare_policy(config, parts, run, show_progress) if start == 0 else {}
     keep_start(learner, parts, run, cfg)
+    if cfg.demo_coef > 0:  # the demonstrations every step replays (also when resuming)
+        demos = await demonstrations(config, parts, show_progress)
+        learner.replay([demo_sample(d, cfg.max_seq_len) for d in demos], seed=config.seed)
     for iteration in range(start, cfg.iterations):
         started, idle_before = time.monotonic(), server_idle_s(parts)
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now

@@ -221,7 +221,7 @@ async def fine_tune(
     """Epochs of cross-entropy steps on `demos` (resuming from the last epoch's checkpoint)."""
     warm = config.warm_start
     learner = Learner(parts.policy, LearnerSettings.for_warm_start(config))
-    samples = [_sample(d, config.train.max_seq_len) for d in demos]
+    samples = [demo_sample(d, config.train.max_seq_len) for d in demos]
     root = out.checkpoints
     history: dict[str, list[float]] = {"loss": [], "dev_tgc": []}
     first = 0
@@ -331,7 +331,8 @@ def _tasks(config: RunConfig, parts: TrainParts) -> list[Any]:
     return tasks[: warm.limit]
 
 
-def _sample(demo: Trajectory, max_seq_len: int) -> Sample:
+def demo_sample(demo: Trajectory, max_seq_len: int) -> Sample:
+    """A demonstration as the learner's cross-entropy trains it (every output token, A = 1)."""
     return make_sample(demo, [1.0] * max(len(demo.turns), 1), max_seq_len)
 
 

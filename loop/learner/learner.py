@@ -27,7 +27,9 @@ reference log-probs, from the same model with the LoRA adapter disabled (peft's
 `disable_adapter()`: no second copy), or, with `reference_adapter` (`train.kl_reference:
 start`), under that saved adapter, loaded in place of the current one for one pass and swapped
 back (`logprobs_with_adapter`); the reference never changes, so once per iteration is enough,
-and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With
+and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With `demo_coef` > 0
+(`replay`) each step also adds `demo_coef` x the mean cross-entropy of the next
+`demos_per_step` demonstrations of the warm start (its own forward passes; `loss/demo`). With
 `reference_logprobs` (the KL in the reward, Verlog's way) the recompute records them the same
 way and the loss has no KL term: loop/learner/critic.py folds k1 into the rewards before GAE.
 
@@ -95,6 +97,7 @@ class Learner:
         self.global_step = 0
         self.nan_steps_total = 0
         self.pad_id = int(policy.tokenizer.pad_token_id or 0)
+        self.demonstrations: list[Sample] = []  # replayed with `demo_coef` (see `replay`)
 
     @property
     def _needs_reference(self) -> bool:
@@ -202,6 +205,14 @@ class Learner:
         self.step_schedule()
         return stats
 
+    def replay(self, demonstrations: Sequence[Sample], *, seed: int) -> None:
+        """Set the demonstrations that each step's `demo_coef` term replays, in a seeded order;
+        step g takes the `demos_per_step` after step g - 1's (cycling), so a resumed run picks
+        up where it stopped (`global_step` is checkpointed) and each process takes its share."""
+        order = list(range(len(demonstrations)))
+        random.Random(seed).shuffle(order)
+        self.demonstrations = [demonstrations[i] for i in order]
+
     def local_minibatch_size(self, minibatch_size: int | None = None) -> int:
         """This process's share of a minibatch (the rollouts are sharded equally)."""
         size = self.settings.minibatch_size if minibatch_size is None else minibatch_size
@@ -239,14 +250,17 @@ class Learner:
             record_extras(losses, stats)
             units += len(chunk)
             tokens += int(batch.is_output.sum())
+        demo_sum = self._demo_term() if not stats.actor_frozen else 0.0
         # Totals over every process, so metrics and guards see the global minibatch.
-        loss_sum, clipped, total_units, total_tokens = distributed.all_sum(
-            [loss_sum, clipped, units, tokens]
+        loss_sum, clipped, total_units, total_tokens, demo_sum = distributed.all_sum(
+            [loss_sum, clipped, units, tokens, demo_sum]
         )
         units = int(total_units)
         stats.trained_tokens += int(total_tokens)
-        if not math.isfinite(loss_sum):
+        if not (math.isfinite(loss_sum) and math.isfinite(demo_sum)):
             return self._skip_non_finite(stats)
+        if self.demonstrations and self.settings.demo_coef > 0 and not stats.actor_frozen:
+            stats.demo_losses.append(demo_sum / self.settings.demos_per_step)
         frozen = stats.actor_frozen  # critic warm-up: no policy loss, the head alone learns
         grad_norm = 0.0
         if not frozen:
@@ -273,6 +287,25 @@ class Learner:
         stats.clip_fractions.append(clipped / max(units, 1))
         stats.grad_norms.append(grad_norm)
         return True
+
+    def _demo_term(self) -> float:
+        """Backpropagate `demo_coef` x the mean cross-entropy of this step's demonstrations
+        (this process's share of `demos_per_step`); returns the share's summed losses."""
+        s, demos = self.settings, self.demonstrations
+        if not demos or s.demo_coef <= 0:
+            return 0.0
+        world, rank = distributed.world_size(), distributed.rank()
+        share = s.demos_per_step // world
+        first = self.global_step * s.demos_per_step + rank * share
+        picked = [demos[(first + i) % len(demos)] for i in range(share)]
+        total = 0.0
+        for chunk in _chunks(picked, s.micro_batch_size):
+            batch = self._collate(chunk)
+            nll = cross_entropy_loss(self._logprobs(batch, self._hidden(batch)), batch.is_output)
+            # averaged over the processes by the sharding wrapper: world / demos_per_step
+            (nll.loss.sum() * (s.demo_coef * world / s.demos_per_step)).backward()
+            total += float(nll.loss.detach().sum())
+        return total
 
     def _skip_non_finite(self, stats: LearnStats) -> bool:
         """Drop this step's gradients and count it; abort past `max_nan_steps` in the run."""

@@ -39,6 +39,8 @@ class LearnerSettings:
     is_correction: Literal["none", "truncate", "mask"] = "none"  # w = 1: the paper's loss
     is_cap: float = 2.0  # truncate: verl's and SkyRL's token TIS cap C
     is_band: tuple[float, float] = (0.5, 2.0)  # mask: IcePop's band
+    demo_coef: float = 0.0  # lambda of the demonstrations' cross-entropy in each step (0: off)
+    demos_per_step: int = 2  # demonstrations in that term, global
 
     @classmethod
     def for_rl(cls, config: RunConfig) -> LearnerSettings:
@@ -54,7 +56,8 @@ class LearnerSettings:
             kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0,
             reference_logprobs=cfg.kl_in == "reward" and cfg.kl_coef > 0,
             is_correction=cfg.is_correction, is_cap=cfg.is_cap,
-            is_band=(cfg.is_band[0], cfg.is_band[1]),
+            is_band=(cfg.is_band[0], cfg.is_band[1]), demo_coef=cfg.demo_coef,
+            demos_per_step=cfg.demos_per_step,
         )  # fmt: skip
 
     @classmethod

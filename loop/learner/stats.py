@@ -47,6 +47,7 @@ class LearnStats:
     value_errors: list[float] = field(default_factory=list)
     value_clip_fractions: list[float] = field(default_factory=list)
     kl_ref: list[float] = field(default_factory=list)
+    demo_losses: list[float] = field(default_factory=list)  # the replayed demonstrations' CE
     value_coef: float | None = None
     actor_frozen: bool = False
     importance: dict[str, float] = field(default_factory=dict)  # is/*: behaviour weights
@@ -84,6 +85,8 @@ class LearnStats:
             }
         if self.kl_ref:
             out["loss/kl_ref"] = avg(self.kl_ref)
+        if self.demo_losses:
+            out["loss/demo"] = avg(self.demo_losses)
         return out | self.importance
 
 

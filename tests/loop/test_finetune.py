@@ -127,13 +127,17 @@ class ServingRecorder:
         await self.inner.close()
 
 
-def warm_started(tmp_path: Path, name: str, teacher: Path) -> tuple[dict, ServingRecorder]:
+def warm_started(
+    tmp_path: Path, name: str, teacher: Path, *extra: str
+) -> tuple[dict, ServingRecorder]:
+    """A LoRA run warm-started on `teacher`'s good rollouts (`extra`: more overrides); its
+    first metrics record."""
     config = load_config(
         None,
         [f"output_dir={tmp_path}", f"name={name}", *SYNTHETIC, "model.lora_rank=4",
          "model.lora_alpha=8", "train.iterations=0", "warm_start.source=rollouts",
          f"warm_start.rollouts=[{teacher}]", "warm_start.min_reward=0.75",
-         "warm_start.epochs=3", "warm_start.lr=0.01", "warm_start.minibatch_size=4"],
+         "warm_start.epochs=3", "warm_start.lr=0.01", "warm_start.minibatch_size=4", *extra],
     )  # fmt: skip
     torch.manual_seed(0)
     policy = synthetic_policy()
@@ -141,7 +145,7 @@ def warm_started(tmp_path: Path, name: str, teacher: Path) -> tuple[dict, Servin
     generator = ServingRecorder(HFGenerator(policy, max_batch_size=16))
     parts = TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
     train(config, parts, show_progress=False)
-    [record] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+    record = json.loads(next(iter((tmp_path / name / "metrics.jsonl").open())))
     return record, generator
 
 
