@@ -18,13 +18,15 @@ loaded model and learner (`save_checkpoint`, `load_weights`, `load_state`: what 
 `model.init_adapter` do), which must restore the weights and AdamW's moments exactly.
 The test runs the same cases in its own process without a process group and compares: old
 log-probs, loss, gradient norm, the gradients themselves, AdamW's moments, the updated weights,
-and the saved adapter or model files. Three cases cover what sharding can get wrong:
+and the saved adapter or model files. Four cases cover what sharding can get wrong:
 
 - `lora`: LoRA on an untied model, gradient checkpointing on, one rollout per forward pass;
 - `full_tied`: full fine-tuning with tied input/output embeddings (one parameter in two
   places), two rollouts per forward pass (padding);
 - `lora_bf16`: a bfloat16 base with float32 LoRA weights (peft's default upcast): groups of
-  mixed dtypes, gradients reduced in float32.
+  mixed dtypes, gradients reduced in float32;
+- `lora_demos`: LoRA with two demonstrations replayed in the step (`demo_coef`), one per
+  process: each process's share, scaled so that the averaged gradient is the mean's.
 
 The learning rate is large and the grad-norm clip tight, so the weights move by far more than
 the tolerance and the global (cross-shard) gradient norm decides the update.
@@ -68,12 +70,14 @@ class Case:
     gradient_checkpointing: bool = False
     micro_batch_size: int = 1
     loss: str = "ppo"
+    demo_coef: float = 0.0  # > 0: two demonstrations replayed in the step, one per process
 
 
 CASES = (
     Case("lora", lora=True, gradient_checkpointing=True),
     Case("full_tied", lora=False, tied=True, micro_batch_size=2, loss="reinforce"),
     Case("lora_bf16", lora=True, dtype=torch.bfloat16),
+    Case("lora_demos", lora=True, demo_coef=0.5),
 )
 
 
@@ -146,8 +150,11 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
             minibatch_size=len(LENGTHS),
             micro_batch_size=case.micro_batch_size,
             max_grad_norm=MAX_GRAD_NORM,
+            demo_coef=case.demo_coef,
+            demos_per_step=2,
         ),
     )
+    learner.replay(make_samples()[:2], seed=0)  # every process holds them all (the trainer's)
     # The trainer's sharding: an equal share of the rollouts per process.
     samples = make_samples()[distributed.rank() :: distributed.world_size()]
     learner.recompute_old_logprobs(samples)
@@ -183,6 +190,7 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
         "loss": loss_sum / count,
         "grad_norm": stats.grad_norms[0],
         "clipfrac": stats.clip_fractions[0],
+        "demo_losses": stats.demo_losses,
         "grads": grads,
         "exp_avg": _exp_avgs(optimizer_state, names),
         "optimizer_roundtrip_diff": roundtrip,
@@ -310,6 +318,9 @@ def test_two_processes_match_one(
     for one, two in zip(single["old_logprobs"], double["old_logprobs"], strict=True):
         torch.testing.assert_close(two, one, rtol=0, atol=LOGPROB_ATOL)
     assert abs(double["loss"] - single["loss"]) <= 1e-5 * max(1.0, abs(single["loss"]))
+    assert len(single["demo_losses"]) == (1 if case.demo_coef else 0)  # the replayed pair's
+    for one, two in zip(single["demo_losses"], double["demo_losses"], strict=True):
+        assert abs(two - one) <= 1e-5 * max(1.0, one)  # mean, summed over the processes
     # The clip is active, so the update depends on the global norm across shards.
     assert single["grad_norm"] > 2 * MAX_GRAD_NORM
     assert abs(double["grad_norm"] - single["grad_norm"]) <= GRAD_RTOL * single["grad_norm"]
