@@ -250,16 +250,16 @@ class Learner:
             record_extras(losses, stats)
             units += len(chunk)
             tokens += int(batch.is_output.sum())
-        demo_sum = self._demo_term() if not stats.actor_frozen else 0.0
+        demo = None if stats.actor_frozen else self._demo_term()
         # Totals over every process, so metrics and guards see the global minibatch.
         loss_sum, clipped, total_units, total_tokens, demo_sum = distributed.all_sum(
-            [loss_sum, clipped, units, tokens, demo_sum]
+            [loss_sum, clipped, units, tokens, demo or 0.0]
         )
         units = int(total_units)
         stats.trained_tokens += int(total_tokens)
         if not (math.isfinite(loss_sum) and math.isfinite(demo_sum)):
             return self._skip_non_finite(stats)
-        if self.demonstrations and self.settings.demo_coef > 0 and not stats.actor_frozen:
+        if demo is not None:
             stats.demo_losses.append(demo_sum / self.settings.demos_per_step)
         frozen = stats.actor_frozen  # critic warm-up: no policy loss, the head alone learns
         grad_norm = 0.0
@@ -288,12 +288,13 @@ class Learner:
         stats.grad_norms.append(grad_norm)
         return True
 
-    def _demo_term(self) -> float:
+    def _demo_term(self) -> float | None:
         """Backpropagate `demo_coef` x the mean cross-entropy of this step's demonstrations
-        (this process's share of `demos_per_step`); returns the share's summed losses."""
+        (this process's share of `demos_per_step`); returns the share's summed losses, or None
+        when replay is off (no demonstrations, or `demo_coef` 0)."""
         s, demos = self.settings, self.demonstrations
         if not demos or s.demo_coef <= 0:
-            return 0.0
+            return None
         world, rank = distributed.world_size(), distributed.rank()
         share = s.demos_per_step // world
         first = self.global_step * s.demos_per_step + rank * share
