@@ -8,8 +8,9 @@ own tokens each. Three engines over the same model and the same rows, stepped in
 alternating, several repeats, medians): `unfused` (each projection module called, attention as
 matrix products), `projections` (fused projections, attention as matrix products) and `fused`
 (fused projections and the CPU flash kernel for attention); then the sampling of one step
-(`pick_tokens`) and the learner-parity check of the fused engine (max |logit gap| against the
-unfused one on the same rows). Prints ms per step and the ratios to `unfused`.
+(`pick_tokens`, and per-row `torch.multinomial`, its draw before) and the learner-parity check
+of the fused engine (max |logit gap| against the unfused one on the same rows).
+Prints ms per step and the ratios to `unfused`.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def main() -> None:
               f"against unfused {gap:.1e}")  # fmt: skip
         for threads in args.threads:
             torch.set_num_threads(threads)
-            times: dict[str, list[float]] = {name: [] for name in [*engines, "sampling"]}
+            names = [*engines, "sampling", "multinomial"]
+            times: dict[str, list[float]] = {name: [] for name in names}
             order = list(engines.items())
             params = [SamplingParams(max_new_tokens=10**6, temperature=1.0) for _ in tokens]
             for repeat in range(args.repeats):
@@ -91,13 +93,25 @@ def main() -> None:
                 pick_tokens(out, params, [None] * len(tokens), [[] for _ in tokens],
                             [[] for _ in tokens], [None] * len(tokens))  # fmt: skip
                 times["sampling"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                multinomial_draws(out)
+                times["multinomial"].append(time.perf_counter() - start)
             sampling = statistics.median(times.pop("sampling"))
+            multinomial = statistics.median(times.pop("multinomial"))
             base = statistics.median(times["unfused"])
             line = ", ".join(
                 f"{name} {statistics.median(t) * 1e3:.1f} ms ({base / statistics.median(t):.2f}x)"
                 for name, t in times.items()
             )
-            print(f"{threads} thread(s): {line}; sampling {sampling * 1e3:.1f} ms")
+            before = f"per-row torch.multinomial, the draw before: {multinomial * 1e3:.1f} ms"
+            print(f"{threads} thread(s): {line}; sampling {sampling * 1e3:.1f} ms ({before})")
+
+
+def multinomial_draws(logits: torch.Tensor) -> list[torch.Tensor]:
+    """The draw `pick_tokens` made before its inverse transform: torch.multinomial per row."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    draws = [torch.multinomial(row.exp(), 1) for row in logprobs]
+    return [row.gather(0, draw) for row, draw in zip(logprobs, draws, strict=True)]
 
 
 if __name__ == "__main__":

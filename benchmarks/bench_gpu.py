@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -90,6 +91,7 @@ TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one de
     "env": 60, "sdpa": 60, "learner": 150, "logprobs": 60, "engine": 180, "parity": 60,
     "learner32b": 120, "fourbit": 120, "server": 300, "skipped": 30,
 }  # fmt: skip
+REPEATS = 5  # timed repeats of a decode step and of its sampling
 H100_BYTES = 80e9  # an H100 SXM's memory, for the capped engine run
 PARITY_SCALES = (4.0, 8.0)  # LM-head scales: next-token entropies of 9 and 1.3 nats on 0.5B
 ENGINE_RUNS = {  # the engine section's runs: (kv_cache_mb, memory cap in bytes)
@@ -499,17 +501,35 @@ def section_engine(out: Out) -> None:
 
 
 def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
-    """Host-device synchronisations and time of one decode step at 32 short rows."""
+    """Host-device synchronisations and time (median of REPEATS) of one decode step at 32
+    short rows, and of its sampling at temperature 1: `pick_tokens` (one inverse-transform
+    draw for all rows) against the per-row `torch.multinomial` it replaced, and whether its
+    tokens equal those drawn from the same logits on the CPU (the rows' generators are CPU
+    ones)."""
     import warnings
 
     import torch
 
     from loop.generators.base import SamplingParams
     from loop.generators.engine import DecoderEngine, Row
-    from loop.generators.sampling import pick_tokens
+    from loop.generators.sampling import pick_tokens, seeded_rng
 
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     engine = DecoderEngine(policy.model, max_rows=rows)
+    params = [SamplingParams(max_new_tokens=8, temperature=1.0, seed=i) for i in range(rows)]
+
+    def sample(logits: Any) -> list[list[int]]:
+        sampled: list[list[int]] = [[] for _ in range(rows)]
+        rngs = [seeded_rng(p.seed) for p in params]
+        pick_tokens(logits, params, rngs, sampled, [[] for _ in range(rows)], [None] * rows)
+        return sampled
+
+    def multinomial(logits: Any) -> None:  # the draw before: per row, on the device
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        draws = [torch.multinomial(row.exp(), 1) for row in logprobs]
+        chosen = [row.gather(0, draw) for row, draw in zip(logprobs, draws, strict=True)]
+        torch.cat([torch.cat(draws).double(), torch.cat(chosen).double()]).tolist()
+
     with torch.no_grad():
         active = []
         for _ in range(rows):
@@ -517,30 +537,36 @@ def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
             engine.add(row, None)
             engine.prefill(row, torch.randint(4, vocab, (256,)).tolist())
             active.append(row)
-        params = [SamplingParams(max_new_tokens=8)] * rows
         tokens = [5] * rows
         logits = engine.decode(active, tokens)  # warm-up
+        sample(logits), multinomial(logits)
         sync(out.tiny)
         counts = {}
-        for part in ("decode", "sample"):
+        for part in ("decode", "sample", "multinomial"):
             if not out.tiny:
                 torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                start = time.perf_counter()
-                if part == "decode":
-                    logits = engine.decode(active, tokens)
-                else:
-                    pick_tokens(logits, params, [None] * rows, [[] for _ in range(rows)],
-                                [[] for _ in range(rows)], [None] * rows)  # fmt: skip
-                sync(out.tiny)
-                ms = (time.perf_counter() - start) * 1e3
+                times = []
+                for _ in range(REPEATS):
+                    start = time.perf_counter()
+                    if part == "decode":
+                        logits = engine.decode(active, tokens)
+                    elif part == "sample":
+                        sample(logits)
+                    else:
+                        multinomial(logits)
+                    sync(out.tiny)
+                    times.append((time.perf_counter() - start) * 1e3)
             if not out.tiny:
                 torch.cuda.set_sync_debug_mode("default")
-            counts[part] = (sum("synchroniz" in str(w.message) for w in caught), round(ms, 1))
+            waits = sum("synchroniz" in str(w.message) for w in caught) // REPEATS
+            counts[part] = (waits, round(statistics.median(times), 1))
+        same_as_cpu = sample(logits) == sample(logits.cpu())
     out.row(rows=rows, context=256, decode_syncs=counts["decode"][0],
             decode_ms=counts["decode"][1], sample_syncs=counts["sample"][0],
-            sample_ms=counts["sample"][1])  # fmt: skip
+            sample_ms=counts["sample"][1], multinomial_syncs=counts["multinomial"][0],
+            multinomial_ms=counts["multinomial"][1], tokens_same_as_cpu=same_as_cpu)  # fmt: skip
 
 
 def section_parity(out: Out) -> None:

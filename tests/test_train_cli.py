@@ -30,6 +30,8 @@ SHORT = [
     # The quickstart's warm start and learner settings (tests/loop/test_finetune.py covers the
     # warm start): none here, two epochs, so two minibatches of two make four steps.
     "warm_start.source=none", "train.epochs=2",
+    # nothing to replay without a warm start; no evaluation pass (train.eval_every=0)
+    "train.demo_coef=0", "eval.sampled_rollouts_per_task=0",
     "train.stress_test=true",  # the quickstart skips it; this run checks it still works
 ]  # fmt: skip
 

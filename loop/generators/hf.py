@@ -330,7 +330,7 @@ class HFGenerator:
         prompt = request.prompt_token_ids
         match = self.cache.match(prompt)
         row = Row(ids=prompt[: match.reused], entry=match.entry, n_prefix=match.n_prefix)
-        active = _Active(request, row, seeded_rng(request.params.seed, self.policy.device))
+        active = _Active(request, row, seeded_rng(request.params.seed))
         shared = (
             not match.from_retained
             and match.reused < len(prompt) - 1

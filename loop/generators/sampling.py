@@ -17,6 +17,10 @@ from torch import Tensor
 
 from loop.generators.base import FinishReason, Generation, SamplingParams
 
+# `draw_tokens` searches blocks of this many tokens, then a block (any size works; 256 keeps
+# both levels' arrays small at a 49K-152K vocabulary)
+DRAW_BLOCK = 256
+
 
 def sample_batch(
     model: Any,
@@ -41,7 +45,7 @@ def sample_batch(
         use_cache=True,
         logits_to_keep=1,
     )
-    rngs = [seeded_rng(p.seed, device) for p in params]
+    rngs = [seeded_rng(p.seed) for p in params]
     sampled: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     finish: list[FinishReason | None] = [None for _ in prompts]
@@ -90,38 +94,96 @@ def pick_tokens(
     and finish reason in place; returns (B,) token ids to feed back (done rows repeat their
     last token, whose outputs are ignored).
 
-    Each row draws from its own seeded generator (so a rollout's tokens do not depend on the
-    rows beside it), but the draws and the log-prob lookups stay on the device and come back
-    in one transfer per step: on a GPU a per-row `int()` would wait for the device twice a
-    row (66 waits a step at 32 rows, measured by benchmarks/bench_gpu.py)."""
-    temperatures = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
-    row_logprobs = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)  # (B, V)
+    Each sampled row draws one uniform number from its own seeded generator, a CPU one
+    (`seeded_rng`), so a rollout's tokens do not depend on the rows beside it nor on the
+    device; the uniforms go to the device in one transfer and the tokens are found for all
+    rows at once by inverse transform (`draw_tokens`): one draw, one gather and one transfer
+    back per step, where a per-row draw launched kernels per row on a GPU (66 host-device
+    waits a step at 32 rows before the transfers were batched, benchmarks/bench_gpu.py).
+    The (B, V) work is three passes: the row maxima, one exp (the unnormalised
+    probabilities, which the draw and the normaliser share) and their sums; a token's
+    log-prob is its shifted logit minus the log of its row's sum, as a log-softmax gives it.
+    """
+    device = logits.device
     active = [row for row, reason in enumerate(finish) if reason is None]
-    draws: list[Tensor] = []
-    chosen: list[Tensor] = []
-    for row in active:
-        p = params[row]
-        if p.temperature > 0:
-            dist = top_p_logprobs(row_logprobs[row], p.top_p)
-            draw = torch.multinomial(dist.exp(), 1, generator=rngs[row])
-        else:
-            dist = row_logprobs[row]
-            draw = dist.argmax().reshape(1)
-        draws.append(draw)
-        chosen.append(dist.gather(0, draw))
-    if active:  # one transfer: the tokens (exact in float64) and their log-probs
-        both = torch.cat([torch.cat(draws).double(), torch.cat(chosen).double()]).tolist()
-        for row, token_f, logprob in zip(
-            active, both[: len(active)], both[len(active) :], strict=True
-        ):
-            token, p = int(token_f), params[row]
-            sampled[row].append(token)
-            logprobs[row].append(logprob)
-            if token in p.stop_token_ids:
-                finish[row] = "stop"
-            elif len(sampled[row]) >= p.max_new_tokens:
-                finish[row] = "length"
-    return torch.tensor([ids[-1] for ids in sampled], device=logits.device)
+    if not active:
+        return torch.tensor([ids[-1] for ids in sampled], device=device)
+    scores = logits.float()
+    if len(active) < len(params):
+        scores = scores.index_select(0, torch.tensor(active, device=device))
+    temperatures = [params[row].temperature or 1.0 for row in active]  # greedy: at 1
+    if any(t != 1.0 for t in temperatures):
+        scores = scores / torch.tensor(temperatures, device=device)[:, None]
+    greedy = [params[row].temperature == 0 for row in active]
+    nucleus = [
+        (index, params[row].top_p)
+        for index, row in enumerate(active)
+        if not greedy[index] and params[row].top_p < 1.0
+    ]
+    if nucleus:  # the rows' top-p distributions, as log-probs (-inf outside the nucleus)
+        scores = scores.clone() if scores is logits else scores
+        for index, top_p in nucleus:
+            scores[index] = top_p_logprobs(torch.log_softmax(scores[index], -1), top_p)
+    shifted = scores - scores.max(-1, keepdim=True).values  # (N, V), each row's max at 0
+    weights = shifted.exp()
+    if all(greedy):
+        draws = shifted.argmax(-1)
+    else:
+        uniforms = torch.cat([
+            torch.zeros(1, dtype=torch.float64) if is_greedy
+            else torch.rand(1, generator=rngs[row], dtype=torch.float64)
+            for row, is_greedy in zip(active, greedy, strict=True)
+        ]).to(device)  # fmt: skip
+        draws = draw_tokens(weights, uniforms)
+        if any(greedy):
+            draws = torch.where(torch.tensor(greedy, device=device), shifted.argmax(-1), draws)
+    chosen = shifted.gather(1, draws[:, None]).squeeze(1) - weights.sum(-1).log()
+    # one transfer: the tokens (exact in float64) and their log-probs
+    both = torch.cat([draws.double(), chosen.double()]).tolist()
+    for row, token_f, logprob in zip(active, both[: len(active)], both[len(active) :], strict=True):
+        token, p = int(token_f), params[row]
+        sampled[row].append(token)
+        logprobs[row].append(logprob)
+        if token in p.stop_token_ids:
+            finish[row] = "stop"
+        elif len(sampled[row]) >= p.max_new_tokens:
+            finish[row] = "length"
+    return torch.tensor([ids[-1] for ids in sampled], device=device)
+
+
+def draw_tokens(weights: Tensor, uniforms: Tensor) -> Tensor:
+    """(N, V) non-negative weights (a distribution up to a factor per row) and (N,) uniforms
+    in [0, 1) -> (N,) token ids, by inverse transform.
+
+    Token v is drawn when u * total falls in [cdf[v-1], cdf[v]). One uniform and one
+    vectorised search per row, where `torch.multinomial` draws an exponential per vocabulary
+    entry (1.35 ms a row on a CPU core, benchmarks/README.md). The search runs in two levels:
+    blocks of DRAW_BLOCK tokens, whose masses (float32 sums of 256 values, relative error
+    about 1e-7) are accumulated in float64 to find the block, then the block's own float64
+    cumulative sums to find the token (a float32 cumulative sum over 49,152 entries drifts by
+    about 1e-4 of the mass, more than the least likely tokens hold). No (N, V) float64 array
+    is made: one cost 5 ms a step at 8 rows on a CPU. A token of weight zero (outside a
+    top-p nucleus) has an empty interval and is never drawn; each target stays below its
+    total (rounding could reach it), so the search always lands on a token.
+    """
+    rows, vocab = weights.shape
+    if vocab % DRAW_BLOCK:
+        weights = torch.nn.functional.pad(weights, (0, DRAW_BLOCK - vocab % DRAW_BLOCK))
+    blocks = weights.view(rows, -1, DRAW_BLOCK)  # (N, blocks, DRAW_BLOCK)
+    block_cdf = blocks.sum(-1).double().cumsum(-1)  # (N, blocks)
+    targets = _below(uniforms.double() * block_cdf[:, -1], block_cdf[:, -1])
+    block = torch.searchsorted(block_cdf, targets[:, None], right=True)  # (N, 1)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    inside = blocks.gather(1, block[:, :, None].expand(-1, -1, DRAW_BLOCK)).squeeze(1)
+    inside_cdf = inside.double().cumsum(-1)  # (N, DRAW_BLOCK)
+    rest = _below(targets - before.squeeze(1), inside_cdf[:, -1])
+    offset = torch.searchsorted(inside_cdf, rest[:, None], right=True).squeeze(1)
+    return block.squeeze(1) * DRAW_BLOCK + offset
+
+
+def _below(values: Tensor, limits: Tensor) -> Tensor:
+    """`values` capped just below `limits` (both float64, elementwise)."""
+    return torch.minimum(values, torch.nextafter(limits, torch.zeros_like(limits)))
 
 
 def top_p_logprobs(logprobs: Tensor, top_p: float) -> Tensor:
@@ -137,6 +199,7 @@ def top_p_logprobs(logprobs: Tensor, top_p: float) -> Tensor:
     return kept - torch.logsumexp(kept, dim=0)
 
 
-def seeded_rng(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """A generator seeded for one request (None: torch's global one)."""
-    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
+def seeded_rng(seed: int | None) -> torch.Generator | None:
+    """A CPU generator seeded for one request (None: torch's global one); `pick_tokens` draws
+    a row's uniforms from it on the CPU whatever the model's device."""
+    return None if seed is None else torch.Generator().manual_seed(seed)
