@@ -8,8 +8,10 @@ own tokens each. Three engines over the same model and the same rows, stepped in
 alternating, several repeats, medians): `unfused` (each projection module called, attention as
 matrix products), `projections` (fused projections, attention as matrix products) and `fused`
 (fused projections and the CPU flash kernel for attention); then the sampling of one step
-(`pick_tokens`, and per-row `torch.multinomial`, its draw before) and the learner-parity check
-of the fused engine (max |logit gap| against the unfused one on the same rows).
+(`pick_tokens`, and per-row `torch.multinomial`, its draw before), the learner-parity check
+of the fused engine (max |logit gap| against the unfused one on the same rows), and the rows
+joining a step with `--join-tokens` new ids each (a turn's glue and observation), prefilled one
+row at a time against one packed `prefill_rows`.
 Prints ms per step and the ratios to `unfused`.
 """
 
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=1500)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--join-tokens", type=int, default=40, help="new ids a joining row has")
     args = parser.parse_args()
     policy = load_policy(resolve_model("smollm2-135m"), lora=LoraSettings(rank=16, alpha=32))
     model = policy.model.eval()
@@ -105,6 +108,34 @@ def main() -> None:
             )
             before = f"per-row torch.multinomial, the draw before: {multinomial * 1e3:.1f} ms"
             print(f"{threads} thread(s): {line}; sampling {sampling * 1e3:.1f} ms ({before})")
+            alone, packed = joining(*engines["fused"], args.join_tokens, args.repeats)
+            print(f"  {args.rows} rows joining with {args.join_tokens} new ids each (a turn's "
+                  f"glue and observation): one at a time {alone * 1e3:.1f} ms, packed "
+                  f"{packed * 1e3:.1f} ms ({alone / packed:.2f}x)")  # fmt: skip
+
+
+def joining(
+    engine: DecoderEngine, rows: list[Row], count: int, repeats: int
+) -> tuple[float, float]:
+    """Seconds (medians) to prefill `count` new ids on every row: each row's `prefill` in turn,
+    and one `prefill_rows` for all (the rows are cut back to their ids after each)."""
+    lengths = [len(row.ids) for row in rows]
+    new = [list(range(1000 + 7 * i, 1000 + 7 * i + count)) for i in range(len(rows))]
+    times: dict[str, list[float]] = {"alone": [], "packed": []}
+    for repeat in range(repeats):
+        for how in ("alone", "packed") if repeat % 2 else ("packed", "alone"):
+            for row, length in zip(rows, lengths, strict=True):
+                del row.ids[length:]
+            start = time.perf_counter()
+            if how == "alone":
+                for row, ids in zip(rows, new, strict=True):
+                    engine.prefill(row, ids)
+            else:
+                engine.prefill_rows(rows, new)
+            times[how].append(time.perf_counter() - start)
+    for row, length in zip(rows, lengths, strict=True):
+        del row.ids[length:]
+    return statistics.median(times["alone"]), statistics.median(times["packed"])
 
 
 def multinomial_draws(logits: torch.Tensor) -> list[torch.Tensor]:

@@ -91,7 +91,8 @@ TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one de
     "env": 60, "sdpa": 60, "learner": 150, "logprobs": 60, "engine": 180, "parity": 60,
     "learner32b": 120, "fourbit": 120, "server": 300, "skipped": 30,
 }  # fmt: skip
-REPEATS = 5  # timed repeats of a decode step and of its sampling
+REPEATS = 5  # timed repeats of a decode step, of its sampling and of rows joining
+JOIN_TOKENS = 40  # new ids of a row joining for its next turn (glue and an observation)
 H100_BYTES = 80e9  # an H100 SXM's memory, for the capped engine run
 PARITY_SCALES = (4.0, 8.0)  # LM-head scales: next-token entropies of 9 and 1.3 nats on 0.5B
 ENGINE_RUNS = {  # the engine section's runs: (kv_cache_mb, memory cap in bytes)
@@ -539,7 +540,8 @@ def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
             active.append(row)
         tokens = [5] * rows
         logits = engine.decode(active, tokens)  # warm-up
-        sample(logits), multinomial(logits)
+        sample(logits)
+        multinomial(logits)
         sync(out.tiny)
         counts = {}
         for part in ("decode", "sample", "multinomial"):
@@ -563,10 +565,45 @@ def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
             waits = sum("synchroniz" in str(w.message) for w in caught) // REPEATS
             counts[part] = (waits, round(statistics.median(times), 1))
         same_as_cpu = sample(logits) == sample(logits.cpu())
+        join = joining(engine, active, vocab, out.tiny)
     out.row(rows=rows, context=256, decode_syncs=counts["decode"][0],
             decode_ms=counts["decode"][1], sample_syncs=counts["sample"][0],
             sample_ms=counts["sample"][1], multinomial_syncs=counts["multinomial"][0],
-            multinomial_ms=counts["multinomial"][1], tokens_same_as_cpu=same_as_cpu)  # fmt: skip
+            multinomial_ms=counts["multinomial"][1], tokens_same_as_cpu=same_as_cpu,
+            **join)  # fmt: skip
+
+
+def joining(engine: Any, rows: list[Any], vocab: int, tiny: bool) -> dict[str, float]:
+    """The rows coming back for a next turn with JOIN_TOKENS new ids each: prefilled one row at
+    a time and in one packed forward (medians of REPEATS), and the largest logit gap between
+    the two (the rows are cut back to their ids after each)."""
+    import torch
+
+    lengths = [len(row.ids) for row in rows]
+    engine.reserve(max(row.own_length for row in rows) + JOIN_TOKENS)
+    new = [torch.randint(4, vocab, (JOIN_TOKENS,)).tolist() for _ in rows]
+    times: dict[str, list[float]] = {"alone": [], "packed": []}
+    logits = {}
+    for repeat in range(REPEATS + 1):  # the first of each is a warm-up
+        for how in ("alone", "packed"):
+            for row, length in zip(rows, lengths, strict=True):
+                del row.ids[length:]
+            sync(tiny)
+            start = time.perf_counter()
+            if how == "alone":
+                found = torch.stack([engine.prefill(r, i) for r, i in zip(rows, new, strict=True)])
+            else:
+                found = engine.prefill_rows(rows, new)
+            sync(tiny)
+            logits[how] = found
+            if repeat:
+                times[how].append((time.perf_counter() - start) * 1e3)
+    for row, length in zip(rows, lengths, strict=True):
+        del row.ids[length:]
+    gap = float((logits["alone"] - logits["packed"]).abs().max())
+    alone, packed = (round(statistics.median(times[how]), 1) for how in ("alone", "packed"))
+    return {"join_tokens": JOIN_TOKENS, "join_alone_ms": alone, "join_packed_ms": packed,
+            "join_logit_gap": gap}  # fmt: skip
 
 
 def section_parity(out: Out) -> None:

@@ -164,10 +164,13 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     if cfg.stress_test and start == 0:
         stress_test(learner, cfg.max_seq_len)
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
-    metrics = await prepare_policy(config, parts, run, show_progress) if start == 0 else {}
+    metrics: dict[str, float] = {}
+    demos: list[Trajectory] = []
+    if start == 0:
+        metrics, demos = await prepare_policy(config, parts, run, show_progress)
     keep_start(learner, parts, run, cfg)
-    if cfg.demo_coef > 0:  # the demonstrations every step replays (also when resuming)
-        demos = await demonstrations(config, parts, show_progress)
+    if cfg.demo_coef > 0:  # the demonstrations every step replays (played again on a resume)
+        demos = demos or await demonstrations(config, parts, show_progress)
         learner.replay([demo_sample(d, cfg.max_seq_len) for d in demos], seed=config.seed)
     for iteration in range(start, cfg.iterations):
         started, idle_before = time.monotonic(), server_idle_s(parts)
@@ -252,13 +255,14 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
 
 async def prepare_policy(
     config: RunConfig, parts: TrainParts, run: RunDir, show_progress: bool
-) -> dict[str, float]:
-    """Step W: load `model.init_adapter`, then run (or load) the configured warm start."""
+) -> tuple[dict[str, float], list[Trajectory]]:
+    """Step W: load `model.init_adapter`, then run (or load) the configured warm start; its
+    metrics and the demonstrations it played."""
     if config.model.init_adapter is not None:
         load_init_adapter(config, parts.policy)
         sync_weights(parts, run, -1)
     if config.warm_start.source == "none":
-        return {}
+        return {}, []
     return await warm_start(config, parts, show_progress=show_progress)
 
 

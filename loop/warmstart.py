@@ -69,8 +69,10 @@ INFO = "info.json"
 
 async def warm_start(
     config: RunConfig, parts: TrainParts, *, show_progress: bool = True
-) -> dict[str, float]:
-    """Fine-tune `parts.policy` as configured, or load the cached result; `warm_start/*` metrics."""
+) -> tuple[dict[str, float], list[Trajectory]]:
+    """Fine-tune `parts.policy` as configured, or load the cached result: `warm_start/*`
+    metrics, and the demonstrations played on the way (their ids are the cache key; none when
+    an `rft` warm start came from the cache), which `train.demo_coef` then replays."""
     started = time.monotonic()
     warm = config.warm_start
     out = RunDir(config.run_dir).warm_start
@@ -91,7 +93,8 @@ async def warm_start(
         if distributed.is_main():
             print(f"warm start: cached adapter {cached} ({info['summary']})", file=sys.stderr)
         metrics = {f"warm_start/{k}": v for k, v in info["metrics"].items()}
-        return metrics | {"warm_start/cached": 1.0, "time/warm_start_s": time.monotonic() - started}
+        elapsed = time.monotonic() - started
+        return metrics | {"warm_start/cached": 1.0, "time/warm_start_s": elapsed}, demos
     assert key is not None
     metrics = await fine_tune(config, parts, demos, out, show_progress)
     checkpoint.save_weights(parts.policy.model, out.adapter)
@@ -116,7 +119,7 @@ async def warm_start(
     return {f"warm_start/{k}": v for k, v in metrics.items()} | {
         "warm_start/cached": 0.0,
         "time/warm_start_s": elapsed,
-    }
+    }, demos
 
 
 async def demonstrations(

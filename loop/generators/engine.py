@@ -178,6 +178,48 @@ class DecoderEngine:
         assert hidden is not None, "prefill needs at least one new id"
         return self.base.lm_head(hidden[:, -1]).float()[0]
 
+    def prefill_rows(self, rows: list[Row], new_ids: list[list[int]]) -> Tensor:
+        """Run each row's `new_ids` after what it covers, every row in one forward: (R, vocab)
+        float logits of each row's last new id.
+
+        The rows hold slots with room for their new ids (`reserve`). Their ids are packed into
+        one sequence, so the projections and the MLP read each weight once for all of them (on
+        a CPU a few dozen tokens cost about what one does: the products are bound by reading
+        the weights) and no padding is computed; attention runs row by row, each row's
+        queries over its own keys. A row's results equal its `prefill` up to float rounding
+        (other matrix shapes).
+        """
+        device = self.own.device
+        ends = torch.tensor([len(ids) for ids in new_ids]).cumsum(0).tolist()
+        spans = [(end - len(ids), end) for ids, end in zip(new_ids, ends, strict=True)]
+        starts = [row.own_length for row in rows]
+        packed = torch.tensor([[token for ids in new_ids for token in ids]], device=device)
+        positions = torch.cat(
+            [
+                torch.arange(len(row.ids), len(row.ids) + len(ids))
+                for row, ids in zip(rows, new_ids, strict=True)
+            ]
+        ).to(device)[None]
+        x = self.base.model.embed_tokens(packed)
+        rotary = self.base.model.rotary_emb(x, positions)
+        for index in range(len(self.layers)):
+            q, k, v = self._qkv(index, x, rotary)  # (1, heads, total, head_dim)
+            parts = []
+            for row, start, (first, end) in zip(rows, starts, spans, strict=True):
+                count, own = end - first, self.own[index, :, row.slot]
+                own[0, :, start : start + count] = k[0, :, first:end].to(own.dtype)
+                own[1, :, start : start + count] = v[0, :, first:end].to(own.dtype)
+                parts.append(
+                    self._prefill_attention(
+                        index, row, q[:, :, first:end], own, start + count, positions[0, first:end]
+                    )
+                )
+            x = self._finish_layer(index, x, torch.cat(parts, dim=2))
+        for row, ids in zip(rows, new_ids, strict=True):
+            row.ids.extend(ids)
+        last = torch.tensor([end - 1 for end in ends], device=device)
+        return self.base.lm_head(self.base.model.norm(x[0, last])).float()
+
     def new_store(self, tokens: int) -> Tensor:
         """Empty keys and values for `tokens` tokens, outside the slots (see `prefill`)."""
         shape = (len(self.layers), 2, self.kv_heads, tokens, self.head_dim)
@@ -217,24 +259,32 @@ class DecoderEngine:
         positions = torch.arange(len(row.ids), len(row.ids) + count, device=device)[None]
         x = self.base.model.embed_tokens(torch.tensor([new_ids], device=device))
         rotary = self.base.model.rotary_emb(x, positions)
-        total = row.n_prefix + start + count
-        # (count, total): query i sees every key up to its own position
-        allowed = torch.arange(total, device=device)[None] <= positions[0, :, None]
         for index in range(len(self.layers)):
             q, k, v = self._qkv(index, x, rotary)
             store[index, 0, :, start : start + count] = k[0]
             store[index, 1, :, start : start + count] = v[0]
-            keys, values = store[index, 0, :, : start + count], store[index, 1, :, : start + count]
-            if row.entry is not None and row.n_prefix:
-                keys = torch.cat([row.entry.kv[index, 0, :, : row.n_prefix], keys], dim=1)
-                values = torch.cat([row.entry.kv[index, 1, :, : row.n_prefix], values], dim=1)
-            keys, values = keys.float(), values.float()
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                q, keys[None], values[None], attn_mask=allowed, scale=self.scale, enable_gqa=True
+            attended = self._prefill_attention(
+                index, row, q, store[index], start + count, positions[0]
             )
             x = self._finish_layer(index, x, attended)
         row.ids.extend(new_ids)
         return self.base.model.norm(x)
+
+    def _prefill_attention(
+        self, index: int, row: Row, q: Tensor, own: Tensor, own_length: int, positions: Tensor
+    ) -> Tensor:
+        """Layer `index`'s attention of `row`'s new queries q (1, heads, n, head_dim) at
+        `positions` (n,) over its prefix view and the first `own_length` tokens of `own`
+        (2, kv_heads, capacity, head_dim), each query seeing every key up to its own position."""
+        keys, values = own[0, :, :own_length], own[1, :, :own_length]
+        if row.entry is not None and row.n_prefix:
+            keys = torch.cat([row.entry.kv[index, 0, :, : row.n_prefix], keys], dim=1)
+            values = torch.cat([row.entry.kv[index, 1, :, : row.n_prefix], values], dim=1)
+        allowed = torch.arange(keys.shape[1], device=q.device)[None] <= positions[:, None]
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, keys.float()[None], values.float()[None], attn_mask=allowed, scale=self.scale,
+            enable_gqa=True,
+        )  # fmt: skip
 
     def _qkv(self, index: int, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
         """Projections of the normed input, per head, rotary applied: (B, heads, T, head_dim)."""

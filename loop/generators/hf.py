@@ -13,8 +13,11 @@ samples from the current learner weights (LoRA included).
    longest shared prefix of any earlier first-turn prompt (the system message and worked example
    are shared by every rollout, the whole first prompt by a task's K rollouts), or its own
    rollout's cache from the previous turn. It prefills only what is new: the glue and the
-   observation. The store holds at most `kv_cache_mb` (unset: a share of the GPU's free memory,
-   or 1 GiB on a CPU), least recently used first out.
+   observation; the requests joining in one step are prefilled in one packed forward (their
+   new ids in one sequence, attention row by row), so a turn boundary where many rollouts
+   come back reads the weights once, not once a rollout. The store holds at most
+   `kv_cache_mb` (unset: a share of the GPU's free memory, or 1 GiB on a CPU), least recently
+   used first out.
    A first-turn prompt becomes a prefix entry of its own only when no entry covers at least
    `SHARE_FRACTION` of it; otherwise it views that entry and its few own tokens (the task) go
    to its row. So the rollouts of many tasks view one entry, whose keys each decode step reads
@@ -290,8 +293,8 @@ class HFGenerator:
         try:
             with self._model_lock, _sampling_mode(self.policy.model, self.torch_threads):
                 self._sync_weights()
-                for request in joining:
-                    self._admit(request)
+                placed = [self._admit(request) for request in joining]
+                self._prefill_joined([entry for entry in placed if entry is not None])
                 for active in [a for a in self._active if a.request.future.done()]:  # cancelled
                     self._leave(active, retain=False)
                 if self._active:
@@ -319,12 +322,15 @@ class HFGenerator:
                 self.engine.prefill(row, ids)
         self._fingerprint = fingerprint
 
-    def _admit(self, request: _Request) -> None:
-        """Give a request a row: reuse what the store has, prefill the rest, sample a token.
+    def _admit(self, request: _Request) -> tuple[_Active, list[int]] | None:
+        """Give a request a row: reuse what the store has; the ids left to prefill.
 
         A prompt that extends no retained cache (a rollout's first turn) and that no entry
         covers for `share_fraction` of its length becomes a prefix entry, so later prompts can
-        view it; it is prefilled outside the row slots.
+        view it: it is prefilled here, outside the row slots, and its first token sampled
+        (None returned). Any other request gets its slot, with room for all it will hold (so
+        no decode step grows the slots), and is returned with its new ids for
+        `_prefill_joined`. A request that fails here gets its error alone.
         """
         assert self.engine is not None
         prompt = request.prompt_token_ids
@@ -337,26 +343,62 @@ class HFGenerator:
             and match.reused < self.share_fraction * len(prompt)
         )
         new_tokens = request.params.max_new_tokens
-        try:  # the row's slot gets room for all it will hold now, so no decode step grows it
-            if shared:
-                store = self.engine.new_store(len(prompt) - match.reused)
-                logits = self.engine.prefill(row, prompt[match.reused :], store=store)
-                self.engine.add(row, self._share_prompt(row, store))
-                self.engine.reserve(row.own_length + new_tokens)
-            else:
+        try:
+            if not shared:
                 self.engine.reserve(len(prompt) - row.n_prefix + new_tokens)
                 self.engine.add(row, match.own)
-                logits = self.engine.prefill(row, prompt[match.reused :])
+                return active, prompt[match.reused :]
+            store = self.engine.new_store(len(prompt) - match.reused)
+            logits = self.engine.prefill(row, prompt[match.reused :], store=store)
+            self.engine.add(row, self._share_prompt(row, store))
+            self.engine.reserve(row.own_length + new_tokens)
         except Exception as exc:
-            if row.slot >= 0:
-                self.engine.remove(row)
-            self._outbox.append(
-                (request, GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}"))
-            )
-            return
-        self._active.append(active)
+            self._refuse(active, exc)
+            return None
+        self._joined([active], logits[None])
+        return None
+
+    def _prefill_joined(self, placed: list[tuple[_Active, list[int]]]) -> None:
+        """Prefill the rows that joined this step and sample their first tokens: those whose new
+        ids fit one prefill chunk in one packed forward (`DecoderEngine.prefill_rows`), longer
+        ones alone in chunks. If the packed forward fails, each row is tried alone, so only a
+        row that fails alone gets an error."""
+        assert self.engine is not None
+        chunk = self.engine.prefill_chunk
+        short = [entry for entry in placed if len(entry[1]) <= chunk]
+        groups = [short] if len(short) > 1 else [[entry] for entry in short]
+        groups += [[entry] for entry in placed if len(entry[1]) > chunk]
+        while groups:
+            group = groups.pop(0)
+            actives = [active for active, _ in group]
+            try:
+                if len(group) == 1:
+                    logits = self.engine.prefill(actives[0].row, group[0][1])[None]
+                else:
+                    logits = self.engine.prefill_rows(
+                        [a.row for a in actives], [i for _, i in group]
+                    )
+            except Exception as exc:
+                if len(group) > 1:
+                    groups = [[entry] for entry in group] + groups
+                else:
+                    self._refuse(actives[0], exc)
+                continue
+            self._joined(actives, logits)
+
+    def _refuse(self, active: _Active, exc: Exception) -> None:
+        """A joining request that failed: its slot freed, its error delivered."""
+        assert self.engine is not None
+        if active.row.slot >= 0:
+            self.engine.remove(active.row)
+        error = GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}")
+        self._outbox.append((active.request, error))
+
+    def _joined(self, actives: list[_Active], logits: Tensor) -> None:
+        """Rows whose prompts are prefilled: they become active and sample their first token."""
+        self._active.extend(actives)
         self.batches_run += 1
-        self._pick([active], logits[None])
+        self._pick(actives, logits)
 
     def _share_prompt(self, row: Row, own: Tensor) -> Tensor | None:
         """Keep `row`'s whole prompt as a prefix entry viewed by the row (its own KV then

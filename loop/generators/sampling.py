@@ -140,6 +140,11 @@ def pick_tokens(
     chosen = shifted.gather(1, draws[:, None]).squeeze(1) - weights.sum(-1).log()
     # one transfer: the tokens (exact in float64) and their log-probs
     both = torch.cat([draws.double(), chosen.double()]).tolist()
+    broken = [
+        row for row, logprob in zip(active, both[len(active) :], strict=True) if logprob != logprob
+    ]
+    if broken:  # NaN: the model gave NaN or only -inf logits (its weights, not the draw)
+        raise ValueError(f"non-finite next-token logits in rows {broken[:5]} of {len(params)}")
     for row, token_f, logprob in zip(active, both[: len(active)], both[len(active) :], strict=True):
         token, p = int(token_f), params[row]
         sampled[row].append(token)
@@ -173,12 +178,15 @@ def draw_tokens(weights: Tensor, uniforms: Tensor) -> Tensor:
     block_cdf = blocks.sum(-1).double().cumsum(-1)  # (N, blocks)
     targets = _below(uniforms.double() * block_cdf[:, -1], block_cdf[:, -1])
     block = torch.searchsorted(block_cdf, targets[:, None], right=True)  # (N, 1)
+    # clamped here and below: a row of NaN weights must still index inside the arrays (on a GPU
+    # an index outside is a device-side assert); pick_tokens then refuses its NaN log-prob
+    block = block.clamp(max=block_cdf.shape[1] - 1)
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
     inside = blocks.gather(1, block[:, :, None].expand(-1, -1, DRAW_BLOCK)).squeeze(1)
     inside_cdf = inside.double().cumsum(-1)  # (N, DRAW_BLOCK)
     rest = _below(targets - before.squeeze(1), inside_cdf[:, -1])
     offset = torch.searchsorted(inside_cdf, rest[:, None], right=True).squeeze(1)
-    return block.squeeze(1) * DRAW_BLOCK + offset
+    return (block.squeeze(1) * DRAW_BLOCK + offset).clamp(max=vocab - 1)
 
 
 def _below(values: Tensor, limits: Tensor) -> Tensor:

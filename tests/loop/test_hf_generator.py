@@ -71,8 +71,10 @@ async def test_concurrent_requests_are_batched_without_changing_results(tiny_pol
     alone = [await generator.generate(prompt, GREEDY) for prompt in prompt_list]
     batches_before = generator.batches_run
     together = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompt_list))
-    # one prefill each, then decode steps shared by all rows (alone: one step per token each)
-    assert generator.batches_run - batches_before == len(prompt_list) + GREEDY.max_new_tokens - 1
+    # decode steps shared by all rows (alone: one step per token each), after the prefills:
+    # one packed forward for the requests that joined together, at most one each
+    prefills = generator.batches_run - batches_before - (GREEDY.max_new_tokens - 1)
+    assert 1 <= prefills <= len(prompt_list)
     for single, batched in zip(alone, together, strict=True):
         assert batched.token_ids == single.token_ids
         assert (

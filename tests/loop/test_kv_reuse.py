@@ -238,6 +238,65 @@ def test_engine_rows_fill_slots_in_order(tiny_policy: Policy) -> None:
     assert torch.equal(engine.own_kv(rows[2]), kept)  # moved into the freed slot intact
 
 
+def test_rows_prefilled_together_equal_each_prefilled_alone(tiny_policy: Policy) -> None:
+    """`prefill_rows` packs the joining rows' new ids into one forward: each row's logits and
+    keys equal its own `prefill`, for rows with and without a prefix view and own KV."""
+    prompts = task_prompts(3)
+    engines = []
+    with torch.no_grad():
+        for _ in range(2):
+            engine, store = DecoderEngine(tiny_policy.model, max_rows=3), KVStore(2**30)
+            kv = engine.new_store(len(SHARED))
+            engine.prefill(Row(ids=[]), SHARED, store=kv)
+            entry = store.add_entry(SHARED, kv)
+            rows = [
+                Row(ids=list(SHARED), entry=entry, n_prefix=len(SHARED)),  # viewing the entry
+                Row(ids=[]),  # nothing cached
+                Row(ids=list(SHARED), entry=entry, n_prefix=len(SHARED)),
+            ]
+            for row in rows:
+                engine.add(row, None)
+                engine.reserve(80)
+            engine.prefill(rows[2], [7, 8, 9])  # own KV before the joint prefill
+            engines.append((engine, rows))
+        new = [prompts[0][len(SHARED) :], prompts[1], [11, 12, 13, 14, 15]]
+        (alone, rows_a), (together, rows_b) = engines
+        one_by_one = torch.stack(
+            [alone.prefill(row, ids) for row, ids in zip(rows_a, new, strict=True)]
+        )
+        packed = together.prefill_rows(rows_b, new)
+    torch.testing.assert_close(packed, one_by_one, atol=1e-4, rtol=0)
+    assert [row.ids for row in rows_b] == [row.ids for row in rows_a]
+    for a, b in zip(rows_a, rows_b, strict=True):
+        torch.testing.assert_close(together.own_kv(b), alone.own_kv(a), atol=1e-4, rtol=0)
+
+
+async def test_requests_joining_in_one_step_are_prefilled_together(tiny_policy: Policy) -> None:
+    """Second turns of four rollouts arrive together: one packed prefill admits them all (one
+    forward, not four) and each result equals the static path alone."""
+    generator = HFGenerator(tiny_policy, max_batch_size=4)
+    prompts = task_prompts(4)
+    firsts = await asyncio.gather(
+        *(generator.generate(p, sampled(s)) for s, p in enumerate(prompts))
+    )
+    seconds = [
+        p + g.token_ids + [7, 8, 9 + i]
+        for i, (p, g) in enumerate(zip(prompts, firsts, strict=True))
+    ]
+    before = generator.batches_run
+    generator._ensure_worker()
+    with generator._model_lock:  # hold the worker back until all four are queued
+        calls = [generator.generate(p, sampled(10 + i)) for i, p in enumerate(seconds)]
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        await asyncio.sleep(0.05)
+    results = await asyncio.gather(*tasks)
+    steps = max(len(r.token_ids) for r in results)
+    assert generator.batches_run - before == 1 + steps - 1  # one prefill, then decode steps
+    for i, (prompt, got) in enumerate(zip(seconds, results, strict=True)):
+        assert_same(got, await reference(tiny_policy, prompt, sampled(10 + i)))
+    await generator.close()
+
+
 async def test_a_fault_of_the_scheduler_fails_the_rows_in_flight_and_serving_goes_on(
     tiny_policy: Policy, monkeypatch: pytest.MonkeyPatch
 ) -> None:

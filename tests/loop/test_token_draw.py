@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from loop.generators.base import SamplingParams
@@ -86,3 +87,12 @@ def test_a_row_draws_the_same_alone_or_beside_others_and_greedy_takes_the_argmax
     assert [run([row])[0] for row in range(4)] == together
     assert together[2] == [int(logits[2].argmax())] * 3
     assert len({tuple(ids) for ids in together}) > 1  # the seeds differ, so do the draws
+
+
+def test_non_finite_logits_are_refused_in_one_line() -> None:
+    logits = torch.randn(3, 600)
+    logits[1] = float("nan")
+    params = [SamplingParams(max_new_tokens=4, temperature=1.0, seed=s) for s in range(3)]
+    rngs = [seeded_rng(p.seed) for p in params]
+    with pytest.raises(ValueError, match=r"non-finite next-token logits in rows \[1\] of 3"):
+        pick_tokens(logits, params, rngs, [[], [], []], [[], [], []], [None] * 3)
