@@ -3,8 +3,10 @@
     python benchmarks/bench_rollout_speed.py [--turns 2 5] [--backends old new new-bf16 vllm]
                                              [--big-rollouts 32] [--learner]
 
-The load is the README main job's: 2 easy train tasks x 4 rollouts in flight, the real agent
-prompt (system message, worked example, task), 96 new tokens per turn at temperature 1 (no stop
+The load is the README main job's iteration: 6 easy train tasks x 4 rollouts in flight, the real
+agent prompt (system message and task; `--worked-example` adds the worked example the quickstart
+leaves out, 1,539 tokens in all, the load of the figures before 2026-11-27, which also ran
+`--tasks 2`), 96 new tokens per turn at temperature 1 (no stop
 token, so every backend does equal work), and between turns the real glue and observations of
 the tasks' gold cells played through the real sandbox: turn t+1's prompt is turn t's prompt, the
 ids just sampled and that observation, as in a rollout. Measured in one run, per backend and
@@ -60,7 +62,9 @@ class Script:
     env_tokens: list[list[int]]
 
 
-def scripts(tokenizer: Any, task_ids: tuple[str, ...], turns: int) -> list[Script]:
+def scripts(
+    tokenizer: Any, task_ids: tuple[str, ...], turns: int, with_example: bool
+) -> list[Script]:
     """Play each task's gold cells (repeated) through the real sandbox; keep prompt and obs."""
     suite = get_suite("apptown")
     tasks = [suite.task(task_id) for task_id in task_ids]
@@ -73,8 +77,9 @@ def scripts(tokenizer: Any, task_ids: tuple[str, ...], turns: int) -> list[Scrip
             env = suite.make_env(task, sandbox)
             replay = Replay(tokenizer, cells)
             traj = await run_episode(
-                env, task, replay, tokenizer, settings, example=list(worked_example(suite))
-            )
+                env, task, replay, tokenizer, settings,
+                example=list(worked_example(suite)) if with_example else [],
+            )  # fmt: skip
         finally:
             await pool.release_async(sandbox)
         ends = [turn.output_end for turn in traj.turns]
@@ -211,7 +216,8 @@ def main() -> None:
         "--backends", nargs="+", default=["old", "new", "new-1t", "new-bf16", "new-bf16-1t", "vllm"]
     )
     parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--tasks", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=6, help="the quickstart's N")
+    parser.add_argument("--worked-example", action="store_true", help="in the prompt")
     parser.add_argument("--k", type=int, default=4, help="rollouts per task")
     parser.add_argument("--old-max-turns", type=int, default=2, help="the old path is slow")
     parser.add_argument("--big-rollouts", type=int, default=32, help="0: skip")
@@ -225,7 +231,7 @@ def main() -> None:
 
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    all_scripts = scripts(tokenizer, TASKS, max(args.turns))
+    all_scripts = scripts(tokenizer, TASKS, max(args.turns), args.worked_example)
     load, rows = all_scripts[: args.tasks], args.tasks * args.k
     print(
         f"threads {torch.get_num_threads()}; prompt {len(load[0].prompt)} tokens; {rows} rollouts"

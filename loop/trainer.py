@@ -108,6 +108,7 @@ from loop.algo.credit import Credit, assign_credit, rollout_reward
 from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.evaluation import run_evaluations
 from loop.generators import sync
+from loop.generators.hf import EngineWork
 from loop.learner.batch import Sample, learner_logprobs, make_samples
 from loop.learner.critic import assign_gae, build_critic
 from loop.learner.learner import Learner, LearnStats
@@ -182,9 +183,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 1. Sample tasks (seeded, without replacement, reshuffled when exhausted), and
         # 2. K rollouts per task, concurrently, until the straggler cut-off; with S >= 1 both
         #    were started ahead, at step 3b of an earlier iteration, and are awaited here.
+        work = engine_work(parts)
         collection = await ahead.take(iteration, draw)
         metrics |= {"time/rollout_s": collection.rollout_s,
                     "time/wait_rollouts_s": collection.wait_s}  # fmt: skip
+        metrics |= work_since(parts, work, "gen/")  # the hf engine's decode and prefill time
         # 3. Groups older than S versions are dropped (counted); advantages over each task's
         #    group; drop rollouts with |A| below the threshold.
         assembly = assemble(collection.groups, iteration, cfg.max_staleness)
@@ -403,7 +406,7 @@ async def evaluate_during_training(
     eval/<split>@T<t>/iter-<iteration>/, metrics `.../sampled/*`)."""
     if not distributed.is_main():
         return {}
-    started = time.monotonic()
+    started, work = time.monotonic(), engine_work(parts)
     metrics: dict[str, float] = {}
     for split in [config.eval.split, *config.eval.more_splits]:
         scores = await run_evaluations(
@@ -413,6 +416,7 @@ async def evaluate_during_training(
         )  # fmt: skip
         prefix = "eval/" if split == config.eval.split else f"eval/{split}/"
         metrics |= {prefix + key.removeprefix("eval/"): value for key, value in scores.items()}
+    metrics |= work_since(parts, work, "gen/eval_")
     return metrics | {"time/eval_s": time.monotonic() - started}
 
 
@@ -500,6 +504,18 @@ def learn(
         )  # fmt: skip
     finally:
         progress.close()
+
+
+def engine_work(parts: TrainParts) -> EngineWork | None:
+    """A copy of the hf engine's work counters now (None for the other backends)."""
+    work = getattr(parts.generator, "work", None)
+    return dataclasses.replace(work) if isinstance(work, EngineWork) else None
+
+
+def work_since(parts: TrainParts, before: EngineWork | None, prefix: str) -> dict[str, float]:
+    """The hf engine's decode and prefill time since `before` (`engine_work`), as metrics."""
+    now = engine_work(parts)
+    return {} if now is None or before is None else now.since(before, prefix)
 
 
 def server_idle_s(parts: TrainParts) -> float | None:

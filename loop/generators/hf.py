@@ -79,6 +79,27 @@ KV_FREE_SHARE = 0.25
 CPU_KV_CACHE_MB = 1024.0
 
 
+@dataclass
+class EngineWork:
+    """Where the engine's time went, cumulative (the trainer logs each stage's share)."""
+
+    decode_s: float = 0.0  # decode steps, their sampling included
+    decode_steps: int = 0
+    decoded_rows: int = 0  # rows summed over the decode steps (/ steps: the mean batch)
+    prefill_s: float = 0.0  # prompts, glue and observations run before a row decodes
+    prefill_tokens: int = 0
+
+    def since(self, before: EngineWork, prefix: str) -> dict[str, float]:
+        """The work done since `before` as `<prefix>decode_s` and so on."""
+        steps = self.decode_steps - before.decode_steps
+        return {
+            f"{prefix}decode_s": self.decode_s - before.decode_s,
+            f"{prefix}prefill_s": self.prefill_s - before.prefill_s,
+            f"{prefix}prefill_tokens": float(self.prefill_tokens - before.prefill_tokens),
+            f"{prefix}decode_rows_mean": (self.decoded_rows - before.decoded_rows) / max(steps, 1),
+        }
+
+
 @dataclass(eq=False)
 class _Request:
     prompt_token_ids: list[int]
@@ -141,6 +162,7 @@ class HFGenerator:
         self.batches_run = 0  # forward batches: prefills and decode steps
         self.requests_served = 0
         self.tokens_generated = 0
+        self.work = EngineWork()
         self.cache = KVStore(int(kv_cache_mb * 2**20))
         self.engine = (
             DecoderEngine(policy.model, max_rows=max_batch_size, max_tokens=max_context_tokens)
@@ -349,7 +371,9 @@ class HFGenerator:
                 self.engine.add(row, match.own)
                 return active, prompt[match.reused :]
             store = self.engine.new_store(len(prompt) - match.reused)
+            started = time.perf_counter()
             logits = self.engine.prefill(row, prompt[match.reused :], store=store)
+            self._count_prefill(started, len(prompt) - match.reused)
             self.engine.add(row, self._share_prompt(row, store))
             self.engine.reserve(row.own_length + new_tokens)
         except Exception as exc:
@@ -371,6 +395,7 @@ class HFGenerator:
         while groups:
             group = groups.pop(0)
             actives = [active for active, _ in group]
+            started = time.perf_counter()
             try:
                 if len(group) == 1:
                     logits = self.engine.prefill(actives[0].row, group[0][1])[None]
@@ -384,7 +409,12 @@ class HFGenerator:
                 else:
                     self._refuse(actives[0], exc)
                 continue
+            self._count_prefill(started, sum(len(ids) for _, ids in group))
             self._joined(actives, logits)
+
+    def _count_prefill(self, started: float, tokens: int) -> None:
+        self.work.prefill_s += time.perf_counter() - started
+        self.work.prefill_tokens += tokens
 
     def _refuse(self, active: _Active, exc: Exception) -> None:
         """A joining request that failed: its slot freed, its error delivered."""
@@ -416,6 +446,7 @@ class HFGenerator:
         assert self.engine is not None
         self._active.sort(key=lambda active: active.row.slot)  # a leaving row's slot was refilled
         rows = [active.row for active in self._active]
+        started = time.perf_counter()
         try:
             logits = self.engine.decode(rows, [active.sampled[-1] for active in self._active])
         except Exception as exc:
@@ -426,6 +457,9 @@ class HFGenerator:
             return
         self.batches_run += 1
         self._pick(list(self._active), logits)
+        self.work.decode_s += time.perf_counter() - started
+        self.work.decode_steps += 1
+        self.work.decoded_rows += len(rows)
 
     def _pick(self, actives: list[_Active], logits: Tensor) -> None:
         """Sample each row's next token; finished rows leave and get their result."""
