@@ -26,6 +26,12 @@ Sections, in order (the cheapest and most likely to break first):
   over T/2 keys on average, 2 * 2 * T/2 * d), times 3 for a full fine-tuning step and 2 for
   a LoRA step (no weight gradients of the frozen base); activation recomputation is not
   counted, as MFU conventionally does not.
+- `prefix`: the learner with a step's common start run once (loop/learner/prefix.py) against
+  every sequence run whole, on Qwen2.5-7B with LoRA r16 and no gradient checkpointing (the
+  shared prefix needs the cache a checkpointed layer drops): 6 rollouts of PREFIX_TOKENS shared
+  prompt ids and SUFFIX_TOKENS of their own (the last 90% output), the recompute of their old
+  log-probs and one optimizer step over the 6, time and peak memory each way, and the largest
+  gap between the two ways' old log-probs (bf16: sums in another order).
 - `logprobs`: `token_logprobs` (chunked LM head) against `token_logprobs_naive` (the full
   (T, V) logits) on Qwen2.5-0.5B (vocabulary 151,936), forward+backward peak memory and time.
 - `engine`: the `hf` generator (loop/generators/hf.py) decoding 32 rows, each with its own
@@ -84,12 +90,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
 SECTIONS = (
-    "env", "sdpa", "learner", "logprobs", "engine", "parity", "learner32b", "fourbit", "server",
-    "skipped",
+    "env", "sdpa", "learner", "prefix", "logprobs", "engine", "parity", "learner32b", "fourbit",
+    "server", "skipped",
 )  # fmt: skip
 TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one device call)
-    "env": 60, "sdpa": 60, "learner": 150, "logprobs": 60, "engine": 180, "parity": 60,
-    "learner32b": 120, "fourbit": 120, "server": 300, "skipped": 30,
+    "env": 60, "sdpa": 60, "learner": 150, "prefix": 120, "logprobs": 60, "engine": 180,
+    "parity": 60, "learner32b": 120, "fourbit": 120, "server": 300, "skipped": 30,
 }  # fmt: skip
 REPEATS = 5  # timed repeats of a decode step, of its sampling and of rows joining
 JOIN_TOKENS = 40  # new ids of a row joining for its next turn (glue and an observation)
@@ -385,6 +391,74 @@ def section_learner(out: Out) -> None:
     for shape in ("qwen2.5-0.5b", "qwen2.5-7b"):
         for mode in ("lora", "full"):
             run_learner(out, shape, mode, lengths, None)
+
+
+PREFIX_TOKENS, SUFFIX_TOKENS = 2048, 1024  # a long agent prompt shared, then a rollout's own
+
+
+def section_prefix(out: Out) -> None:
+    import copy
+
+    import torch
+
+    from loop.learner.batch import Sample
+    from loop.learner.learner import Learner
+    from loop.learner.settings import LearnerSettings
+    from loop.model.policy import LoraSettings, policy_from_model
+
+    shape, rows = ("tiny", 3) if out.tiny else ("qwen2.5-7b", 6)
+    prefix_tokens, suffix_tokens = (64, 32) if out.tiny else (PREFIX_TOKENS, SUFFIX_TOKENS)
+    model = build_model(shape, out.tiny)
+    vocab = model.config.vocab_size
+    policy = policy_from_model(model, tokenizer(64), device(out.tiny), lora=LoraSettings(16, 32))
+    rng = torch.Generator().manual_seed(0)
+    start_ids = torch.randint(4, vocab, (prefix_tokens,), generator=rng)
+    samples = []
+    for i in range(rows):
+        own = synthetic_sample(suffix_tokens, vocab, 10 + i)
+        no = torch.zeros(prefix_tokens, dtype=torch.bool)
+        samples.append(Sample(
+            torch.cat([start_ids, own.tokens]), torch.cat([no, own.is_output]),
+            torch.cat([torch.full((prefix_tokens,), math.nan), own.sampler_logprobs]),
+            torch.cat([torch.full((prefix_tokens,), -1), own.turn_ids]),
+            torch.cat([torch.zeros(prefix_tokens), own.advantages]),
+        ))  # fmt: skip
+    start = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    olds = {}
+    for way in ("whole", "shared", "whole", "shared"):  # the first pair warms the kernels up
+        with torch.no_grad():  # every way starts from the same weights
+            for name, parameter in policy.model.named_parameters():
+                if name in start:
+                    parameter.copy_(start[name])
+        settings = LearnerSettings(
+            lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=rows, micro_batch_size=1,
+            logprob_chunk_size=1024, max_grad_norm=1.0,
+            shared_prefix_min=0 if way == "whole" else prefix_tokens // 2,
+        )  # fmt: skip
+        learner = Learner(policy, settings)
+        batch = copy.deepcopy(samples)
+        row: dict[str, Any] = dict(model=shape, way=way, rollouts=rows, shared=prefix_tokens,
+                                   own=suffix_tokens)  # fmt: skip
+        try:
+            reset_peak(out.tiny)
+            begin = time.perf_counter()
+            learner.recompute_old_logprobs(batch)
+            sync(out.tiny)
+            row.update(recompute_s=round(time.perf_counter() - begin, 3),
+                       recompute_peak_gib=peak_gib(out.tiny))  # fmt: skip
+            olds[way] = torch.cat([s.old_logprobs[s.is_output] for s in batch])
+            reset_peak(out.tiny)
+            begin = time.perf_counter()
+            learner.learn(batch, seed=0)
+            sync(out.tiny)
+            row.update(step_s=round(time.perf_counter() - begin, 3),
+                       step_peak_gib=peak_gib(out.tiny))  # fmt: skip
+        except torch.OutOfMemoryError as exc:
+            row.update(error=f"OutOfMemoryError: {str(exc)[:120]}")
+        if way == "shared" and {"whole", "shared"} <= set(olds):
+            row["logprob_gap_max"] = round((olds["whole"] - olds["shared"]).abs().max().item(), 4)
+        out.row(**row)
+        del learner
 
 
 def section_learner32b(out: Out) -> None:

@@ -234,6 +234,8 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
         raise ConfigError("train.adv_threshold, eval_every and horizon_step must be >= 0")
     if train.max_staleness < 0:
         raise ConfigError(f"train.max_staleness: must be >= 0, got {train.max_staleness}")
+    if train.shared_prefix_min < 0:
+        raise ConfigError(f"train.shared_prefix_min: must be >= 0, got {train.shared_prefix_min}")
     if train.strictly_on_policy and train.epochs != 1:
         raise ConfigError("train.strictly_on_policy needs train.epochs=1 (one on-policy pass)")
     if train.horizon_start is not None and train.horizon_start < 1:

@@ -296,6 +296,13 @@ class TrainConfig:
         "demo_coef > 0: demonstrations in each step's term (cycled in a seeded order; a "
         "multiple of the learner processes)",
     )
+    shared_prefix_min: int = doc(
+        64,
+        "the tokens every rollout of a step starts with (the system prompt) run through the "
+        "model once for the step, when at least this many (0: every sequence whole); the same "
+        "gradients, fewer tokens. Not with gradient checkpointing, several learner processes "
+        "or a critic (loop/learner/prefix.py)",
+    )
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")

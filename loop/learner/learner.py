@@ -18,6 +18,10 @@ loop/algo/advantages.py. One iteration's learning (loop_spec.md section 2, steps
    `max_grad_norm`.
 4. The learning-rate schedule (constant) steps once per iteration.
 
+The recompute and every step run the common start of their samples once
+(loop/learner/prefix.py, `shared_prefix_min`) where the model allows it; the results are the
+whole sequences'.
+
 Two optional terms share the forward pass and the step. With a `critic` (loop/learner/critic.py) the
 value head reads the same last hidden state as the log-probs: the recompute pass also records
 the old values, and each step adds `coef * clipped value loss` and steps the head's own
@@ -65,6 +69,7 @@ from loop.algo.losses import (
 from loop.learner.batch import Batch, Sample, collate
 from loop.learner.critic import Critic, first_token_weights
 from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
+from loop.learner.prefix import SharedPrefix, can_share, shared_length
 from loop.learner.settings import LearnerSettings
 from loop.learner.stats import LearnStats, Losses, importance_stats, parity_stats, record_extras
 from loop.model import distributed
@@ -116,9 +121,10 @@ class Learner:
         was_training = self.model.training
         self.model.eval()
         try:
+            prefix = self._shared_prefix(samples)
             for chunk in _chunks(list(samples), self.settings.micro_batch_size):
                 batch = self._collate(chunk)
-                hidden = self._hidden(batch)
+                hidden = self._hidden(batch, prefix)
                 logprobs = self._logprobs(batch, hidden).float().cpu()
                 values = self._values(hidden).cpu() if self.critic is not None else None
                 reference = self._reference_logprobs(batch) if self._reference_off else None
@@ -235,10 +241,14 @@ class Learner:
         self._zero_grad()
         scale = distributed.world_size() / minibatch_size
         loss_sum, clipped, units, tokens, log_ratio_sums = 0.0, 0.0, 0, 0, []
+        demos = [] if stats.actor_frozen else self._step_demos()
+        prefix = self._shared_prefix([*minibatch, *demos])
         for chunk in _chunks(minibatch, self.settings.micro_batch_size):
             batch = self._collate(chunk)
             value_coef = stats.value_coef or 0.0
-            losses = self._losses(batch, frozen=stats.actor_frozen, value_coef=value_coef)
+            losses = self._losses(
+                batch, frozen=stats.actor_frozen, value_coef=value_coef, prefix=prefix
+            )
             (losses.total.sum() * scale).backward()
             if not math.isfinite(float(losses.total.detach().sum())):
                 loss_sum = math.nan
@@ -250,7 +260,9 @@ class Learner:
             record_extras(losses, stats)
             units += len(chunk)
             tokens += int(batch.is_output.sum())
-        demo = None if stats.actor_frozen else self._demo_term()
+        demo = self._demo_term(demos, prefix) if demos else None
+        if prefix is not None:
+            prefix.backward()
         # Totals over every process, so metrics and guards see the global minibatch.
         loss_sum, clipped, total_units, total_tokens, demo_sum = distributed.all_sum(
             [loss_sum, clipped, units, tokens, demo or 0.0]
@@ -288,21 +300,25 @@ class Learner:
         stats.grad_norms.append(grad_norm)
         return True
 
-    def _demo_term(self) -> float | None:
-        """Backpropagate `demo_coef` x the mean cross-entropy of this step's demonstrations
-        (this process's share of `demos_per_step`); returns the share's summed losses, or None
-        when replay is off (no demonstrations, or `demo_coef` 0)."""
+    def _step_demos(self) -> list[Sample]:
+        """This process's share of the step's `demos_per_step` demonstrations (none when replay
+        is off: no demonstrations, or `demo_coef` 0)."""
         s, demos = self.settings, self.demonstrations
         if not demos or s.demo_coef <= 0:
-            return None
+            return []
         world, rank = distributed.world_size(), distributed.rank()
         share = s.demos_per_step // world
         first = self.global_step * s.demos_per_step + rank * share
-        picked = [demos[(first + i) % len(demos)] for i in range(share)]
-        total = 0.0
+        return [demos[(first + i) % len(demos)] for i in range(share)]
+
+    def _demo_term(self, picked: list[Sample], prefix: SharedPrefix | None) -> float:
+        """Backpropagate `demo_coef` x the mean cross-entropy of the step's demonstrations
+        `picked` (`_step_demos`); returns their summed losses."""
+        s, world, total = self.settings, distributed.world_size(), 0.0
         for chunk in _chunks(picked, s.micro_batch_size):
             batch = self._collate(chunk)
-            nll = cross_entropy_loss(self._logprobs(batch, self._hidden(batch)), batch.is_output)
+            hidden = self._hidden(batch, prefix)
+            nll = cross_entropy_loss(self._logprobs(batch, hidden), batch.is_output)
             # averaged over the processes by the sharding wrapper: world / demos_per_step
             (nll.loss.sum() * (s.demo_coef * world / s.demos_per_step)).backward()
             total += float(nll.loss.detach().sum())
@@ -320,7 +336,9 @@ class Learner:
             )
         return False
 
-    def _losses(self, batch: Batch, *, frozen: bool, value_coef: float) -> Losses:
+    def _losses(
+        self, batch: Batch, *, frozen: bool, value_coef: float, prefix: SharedPrefix | None = None
+    ) -> Losses:
         """Policy loss, plus the value loss and the KL to the reference when they are on.
 
         frozen: the actor is frozen (the critic's warm-up: no policy loss); value_coef: the
@@ -330,7 +348,7 @@ class Learner:
             with torch.no_grad():
                 hidden = self._hidden(batch)
         else:
-            hidden = self._hidden(batch)
+            hidden = self._hidden(batch, prefix)
         policy, value, kl_ref = None, None, None
         total = torch.zeros(batch.input_ids.shape[0], device=batch.input_ids.device)
         if not frozen:
@@ -445,8 +463,27 @@ class Learner:
     def _collate(self, samples: Sequence[Sample]) -> Batch:
         return collate(samples, self.pad_id, self.policy.device)
 
-    def _hidden(self, batch: Batch) -> Tensor:
+    def _hidden(self, batch: Batch, prefix: SharedPrefix | None = None) -> Tensor:
+        if prefix is not None:
+            return prefix.hidden(self.model, batch.input_ids, batch.attention_mask)
         return last_hidden_state(self.model, batch.input_ids, batch.attention_mask)
+
+    def _shared_prefix(self, samples: Sequence[Sample]) -> SharedPrefix | None:
+        """The samples' common start run once (loop/learner/prefix.py), when it is on
+        (`shared_prefix_min` tokens or more, two samples or more) and the model allows it."""
+        least = self.settings.shared_prefix_min
+        if (
+            not least
+            or len(samples) < 2
+            or self.critic is not None
+            or distributed.is_distributed()
+            or not can_share(self.model)
+        ):
+            return None
+        length = shared_length(samples)
+        if length < least:
+            return None
+        return SharedPrefix.build(self.model, samples[0].tokens[:length].to(self.policy.device))
 
     def _logprobs(self, batch: Batch, hidden: Tensor) -> Tensor:
         return logprobs_from_hidden(

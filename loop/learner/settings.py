@@ -41,6 +41,7 @@ class LearnerSettings:
     is_band: tuple[float, float] = (0.5, 2.0)  # mask: IcePop's band
     demo_coef: float = 0.0  # lambda of the demonstrations' cross-entropy in each step (0: off)
     demos_per_step: int = 2  # demonstrations in that term, global
+    shared_prefix_min: int = 64  # a step's common start run once when this long (0: never)
 
     @classmethod
     def for_rl(cls, config: RunConfig) -> LearnerSettings:
@@ -57,7 +58,7 @@ class LearnerSettings:
             reference_logprobs=cfg.kl_in == "reward" and cfg.kl_coef > 0,
             is_correction=cfg.is_correction, is_cap=cfg.is_cap,
             is_band=(cfg.is_band[0], cfg.is_band[1]), demo_coef=cfg.demo_coef,
-            demos_per_step=cfg.demos_per_step,
+            demos_per_step=cfg.demos_per_step, shared_prefix_min=cfg.shared_prefix_min,
         )  # fmt: skip
 
     @classmethod
@@ -70,5 +71,5 @@ class LearnerSettings:
             minibatch_size=warm.minibatch_size,
             micro_batch_size=min(rl.micro_batch_size, warm.minibatch_size),
             max_grad_norm=rl.max_grad_norm, temperature=1.0,
-            logprob_chunk_size=rl.logprob_chunk_size,
+            logprob_chunk_size=rl.logprob_chunk_size, shared_prefix_min=rl.shared_prefix_min,
         )  # fmt: skip

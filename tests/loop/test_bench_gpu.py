@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
-    sections = ["env", "sdpa", "learner", "logprobs", "engine", "parity", "server", "skipped"]
+    sections = ["env", "sdpa", "learner", "prefix", "logprobs", "engine", "parity", "server"]
+    sections.append("skipped")
     command = [sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--out", str(tmp_path)]
     done = subprocess.run(
         [*command, "--tiny", "--sections", *sections], capture_output=True, text=True, timeout=900
@@ -36,6 +37,10 @@ def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
     assert {(r["model"], r["mode"]) for r in learner} == {
         (m, t) for m in ("qwen2.5-0.5b", "qwen2.5-7b") for t in ("lora", "full")
     }
+    prefix = by_section["prefix"]
+    assert [r["way"] for r in prefix] == ["whole", "shared"] * 2
+    assert all(r["step_s"] > 0 and r["recompute_s"] > 0 for r in prefix)
+    assert all(r["logprob_gap_max"] < 0.1 for r in prefix if r["way"] == "shared")
     assert all(r["rows_ok"] == r["rows"] for r in by_section["engine"])
     assert all(r["abs_logprob_diff_max"] < 0.1 for r in by_section["parity"])
     server = by_section["server"]
