@@ -49,12 +49,29 @@ What is not isolated:
   loud warning naming what is lost, or refuses to start with `strict=True`.
 """
 
-from sandbox.bridge import ApiError, BridgeServer, Handler
-from sandbox.isolation import Capabilities, probe
-from sandbox.kernel import ExecutionResult, Sandbox, SandboxIsolationError, isolation_report
-from sandbox.limits import Limits
-from sandbox.pool import KernelPool
-from sandbox.process import SandboxStartError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandbox.bridge import ApiError, BridgeServer, Handler
+    from sandbox.isolation import Capabilities, probe
+    from sandbox.kernel import ExecutionResult, Sandbox, SandboxIsolationError, isolation_report
+    from sandbox.limits import Limits
+    from sandbox.pool import KernelPool
+    from sandbox.process import SandboxStartError
+
+# Loaded on first use, so that importing one light module (`sandbox.limits`, which the trainer's
+# config checks read) does not import jupyter_client and zmq: a learner-only machine needs
+# neither.
+_HOMES = {
+    "ApiError": "bridge", "BridgeServer": "bridge", "Handler": "bridge",
+    "Capabilities": "isolation", "probe": "isolation",
+    "ExecutionResult": "kernel", "Sandbox": "kernel", "SandboxIsolationError": "kernel",
+    "isolation_report": "kernel", "Limits": "limits", "KernelPool": "pool",
+    "SandboxStartError": "process",
+}  # fmt: skip
 
 __all__ = [
     "ApiError",
@@ -70,3 +87,9 @@ __all__ = [
     "isolation_report",
     "probe",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sandbox.{_HOMES[name]}"), name)
