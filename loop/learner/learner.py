@@ -122,12 +122,20 @@ class Learner:
         self.model.eval()
         try:
             prefix = self._shared_prefix(samples)
+            reference_prefix = None  # the reference's own keys: the same sums as the policy's
+            if prefix is not None and self._reference_off:
+                with self.model.disable_adapter():
+                    reference_prefix = self._shared_prefix(samples)
             for chunk in _chunks(list(samples), self.settings.micro_batch_size):
                 batch = self._collate(chunk)
                 hidden = self._hidden(batch, prefix)
                 logprobs = self._logprobs(batch, hidden).float().cpu()
                 values = self._values(hidden).cpu() if self.critic is not None else None
-                reference = self._reference_logprobs(batch) if self._reference_off else None
+                reference = (
+                    self._reference_logprobs(batch, reference_prefix)
+                    if self._reference_off
+                    else None
+                )
                 for row, sample in enumerate(chunk):
                     n = len(sample.tokens)
                     sample.old_logprobs = logprobs[row, :n].clone()
@@ -155,10 +163,11 @@ class Learner:
         self.model.eval()
         try:
             load_adapter(self.model, adapter)
+            prefix = self._shared_prefix(samples)
             found: list[Tensor] = []
             for chunk in _chunks(list(samples), self.settings.micro_batch_size):
                 batch = self._collate(chunk)
-                logprobs = self._logprobs(batch, self._hidden(batch)).float().cpu()
+                logprobs = self._logprobs(batch, self._hidden(batch, prefix)).float().cpu()
                 found += [
                     logprobs[row, : len(sample.tokens)].clone() for row, sample in enumerate(chunk)
                 ]
@@ -499,11 +508,12 @@ class Learner:
         )
         return self.critic.clamp(values)
 
-    def _reference_logprobs(self, batch: Batch) -> Tensor:
-        """Log-probs of the base model: the same model with its LoRA adapter disabled."""
+    def _reference_logprobs(self, batch: Batch, prefix: SharedPrefix | None) -> Tensor:
+        """Log-probs of the base model: the same model with its LoRA adapter disabled (`prefix`
+        built so too)."""
         disabled: AbstractContextManager[Any] = self.model.disable_adapter()
         with disabled:
-            return self._logprobs(batch, self._hidden(batch)).float().cpu()
+            return self._logprobs(batch, self._hidden(batch, prefix)).float().cpu()
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
