@@ -100,18 +100,22 @@ def test_hidden_states_and_gradients_equal_the_whole_sequences(lora_policy: Poli
         assert (a - b).abs().max() <= 2e-5 * a.abs().max() and a.abs().max() > 0
 
 
-def _learner(policy: Policy, shared_prefix_min: int) -> Learner:
+def _learner(policy: Policy, shared_prefix_min: int, micro_batch_size: int = 1) -> Learner:
     settings = LearnerSettings(
-        lr=1e-3, weight_decay=0.0, epochs=1, minibatch_size=4, shared_prefix_min=shared_prefix_min
-    )
+        lr=1e-3, weight_decay=0.0, epochs=1, minibatch_size=4,
+        micro_batch_size=micro_batch_size, shared_prefix_min=shared_prefix_min,
+    )  # fmt: skip
     return Learner(policy, settings)
 
 
-def test_a_learner_step_is_the_same_with_and_without_the_shared_prefix(lora_policy) -> None:
+@pytest.mark.parametrize("micro_batch_size", [1, 2])  # 2: right-padded rows over one prefix
+def test_a_learner_step_is_the_same_with_and_without_the_shared_prefix(
+    lora_policy, micro_batch_size: int
+) -> None:
     runs = {}
     for least in (0, 8):
         policy = copy.deepcopy(lora_policy)
-        learner = _learner(policy, least)
+        learner = _learner(policy, least, micro_batch_size)
         built = []
         original = SharedPrefix.build
 
