@@ -139,10 +139,16 @@ def test_a_learner_step_is_the_same_with_and_without_the_shared_prefix(
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert stats_off.optimizer_steps == stats_on.optimizer_steps == 1
     torch.testing.assert_close(stats_off.grad_norms, stats_on.grad_norms, atol=1e-6, rtol=1e-4)
+    # the step's gradients (left in .grad): compared, not the weights after AdamW, whose first
+    # update is about lr x sign(g) and so flips on rounding noise where a gradient is near 0
+    compared = 0
     for (name, a), (_, b) in zip(
         off.model.named_parameters(), on.model.named_parameters(), strict=True
     ):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=name)
+        if a.grad is not None:
+            assert (a.grad - b.grad).abs().max() <= 2e-5 * a.grad.abs().max(), name
+            compared += 1
+    assert compared > 0
 
 
 def test_not_used_with_gradient_checkpointing_or_too_short(tiny_model_dir) -> None:
