@@ -19,6 +19,11 @@ from loop.learner.settings import LearnerSettings
 from loop.model.policy import LoraSettings, Policy, load_policy
 from tests.loop.conftest import TINY_VOCAB
 
+# float32 sums of the same terms in another order: the largest gap measured was 1.2e-5 of a
+# parameter's largest gradient (2 AMD EPYC cores); other CPUs' kernels sum in other orders, so
+# the bound leaves room. A missing path (a layer's keys or values not sent back) is off by O(1).
+GRAD_NOISE = 1e-4
+
 
 def sample(tokens: list[int], first_output: int, advantage: float = 1.0) -> Sample:
     n = len(tokens)
@@ -96,8 +101,7 @@ def test_hidden_states_and_gradients_equal_the_whole_sequences(lora_policy: Poli
     for a, b in zip(whole, shared, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     for a, b in zip(whole_grads, [p.grad for p in params], strict=True):
-        # float32 sums in another order: gradients of tens differ in the 5th digit at most
-        assert (a - b).abs().max() <= 2e-5 * a.abs().max() and a.abs().max() > 0
+        assert (a - b).abs().max() <= GRAD_NOISE * a.abs().max() and a.abs().max() > 0
 
 
 def _learner(policy: Policy, shared_prefix_min: int, micro_batch_size: int = 1) -> Learner:
@@ -146,7 +150,7 @@ def test_a_learner_step_is_the_same_with_and_without_the_shared_prefix(
         off.model.named_parameters(), on.model.named_parameters(), strict=True
     ):
         if a.grad is not None:
-            assert (a.grad - b.grad).abs().max() <= 2e-5 * a.grad.abs().max(), name
+            assert (a.grad - b.grad).abs().max() <= GRAD_NOISE * a.grad.abs().max(), name
             compared += 1
     assert compared > 0
 
