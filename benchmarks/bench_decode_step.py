@@ -4,14 +4,15 @@
 
 SmolLM2-135M + LoRA r16 (B factors random, so the adapter counts), `--rows` rows viewing one
 `--prefix`-token prefix entry (as the quickstart's rollouts view the shared prompt) with 100-170
-own tokens each. Three engines over the same model and the same rows, stepped in turn (order
+own tokens each. Four engines over the same model and the same rows, stepped in turn (order
 alternating, several repeats, medians): `unfused` (each projection module called, attention as
-matrix products), `projections` (fused projections, attention as matrix products) and `fused`
-(fused projections and the CPU flash kernel for attention); then the sampling of one step
-(`pick_tokens`, and per-row `torch.multinomial`, its draw before), the learner-parity check
-of the fused engine (max |logit gap| against the unfused one on the same rows), and the rows
-joining a step with `--join-tokens` new ids each (a turn's glue and observation), prefilled one
-row at a time against one packed `prefill_rows`.
+matrix products), `projections` (fused projections, attention as matrix products), `fused`
+(fused projections and the CPU flash kernel for attention) and `packed` (those, with the
+projections and the LM head on packed weight copies: the engine's default); then the sampling
+of one step (`pick_tokens`, and per-row `torch.multinomial`, its draw before), the
+learner-parity check of the fused and packed engines (max |logit gap| against the unfused one
+on the same rows), and the rows joining a step with `--join-tokens` new ids each (a turn's glue
+and observation), prefilled one row at a time against one packed `prefill_rows`.
 Prints ms per step and the ratios to `unfused`.
 """
 
@@ -35,10 +36,10 @@ from loop.model.policy import LoraSettings, load_policy
 
 
 def engine_with_rows(
-    model: Any, rows: int, prefix: list[int], fused: bool
+    model: Any, rows: int, prefix: list[int], fused: bool, packed: bool = False
 ) -> tuple[DecoderEngine, list[Row]]:
     """An engine whose `rows` rows view `prefix` and hold their own ids (the same per seed)."""
-    engine = DecoderEngine(model, max_rows=rows, fused=fused)
+    engine = DecoderEngine(model, max_rows=rows, fused=fused, packed=packed)
     store, kv = KVStore(2**31), engine.new_store(len(prefix))
     engine.prefill(Row(ids=[]), prefix, store=kv)
     entry = store.add_entry(prefix, kv)
@@ -74,13 +75,15 @@ def main() -> None:
             "unfused": engine_with_rows(model, args.rows, prefix.tolist(), fused=False),
             "projections": engine_with_rows(model, args.rows, prefix.tolist(), fused=True),
             "fused": engine_with_rows(model, args.rows, prefix.tolist(), fused=True),
+            "packed": engine_with_rows(model, args.rows, prefix.tolist(), True, packed=True),
         }
         engines["projections"][0].fused_attention = False
         tokens = [5] * args.rows
         logits = {name: engine.decode(rows, tokens) for name, (engine, rows) in engines.items()}
         gap = (logits["fused"] - logits["unfused"]).abs().max().item()
-        print(f"{args.rows} rows over a {args.prefix}-token prefix; max |logit gap| fused "
-              f"against unfused {gap:.1e}")  # fmt: skip
+        packed_gap = (logits["packed"] - logits["unfused"]).abs().max().item()
+        print(f"{args.rows} rows over a {args.prefix}-token prefix; max |logit gap| against "
+              f"unfused: fused {gap:.1e}, packed {packed_gap:.1e}")  # fmt: skip
         for threads in args.threads:
             torch.set_num_threads(threads)
             names = [*engines, "sampling", "multinomial"]
@@ -108,7 +111,7 @@ def main() -> None:
             )
             before = f"per-row torch.multinomial, the draw before: {multinomial * 1e3:.1f} ms"
             print(f"{threads} thread(s): {line}; sampling {sampling * 1e3:.1f} ms ({before})")
-            alone, packed = joining(*engines["fused"], args.join_tokens, args.repeats)
+            alone, packed = joining(*engines["packed"], args.join_tokens, args.repeats)
             print(f"  {args.rows} rows joining with {args.join_tokens} new ids each (a turn's "
                   f"glue and observation): one at a time {alone * 1e3:.1f} ms, packed "
                   f"{packed * 1e3:.1f} ms ({alone / packed:.2f}x)")  # fmt: skip

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from loop.generators.attention import decode_attention, step_index
-from loop.generators.fused import LayerProjections
+from loop.generators.fused import Head, LayerProjections
 from loop.generators.kvcache import PrefixEntry
 from loop.model.aliases import causal_lm
 
@@ -92,6 +92,7 @@ class DecoderEngine:
         max_rows: int,
         prefill_chunk: int = 512,
         fused: bool = True,
+        packed: bool = True,
         max_tokens: int | None = None,
     ):
         if max_rows < 1 or prefill_chunk < 1 or (max_tokens or 1) < 1:
@@ -114,7 +115,10 @@ class DecoderEngine:
         self.rows: list[Row] = []
         self.own = self._empty_slots()
         # fused projections (loop/generators/fused.py); None: each module called, the reference
-        self.fused = [LayerProjections(layer) for layer in self.layers] if fused else None
+        self.fused = (
+            [LayerProjections(layer, packed=packed) for layer in self.layers] if fused else None
+        )
+        self.head = Head(self.base.lm_head, packed=fused and packed)  # the LM head
         # decode attention by torch's CPU flash kernel (loop/generators/attention.py)
         self.fused_attention = fused and self.own.device.type == "cpu"
 
@@ -122,6 +126,13 @@ class DecoderEngine:
         """Re-read the weights into the fused projections (call after any weight change)."""
         for projections in self.fused or ():
             projections.refresh()
+
+    def unpack(self) -> None:
+        """Drop the packed weight copies (made again on first use; see loop/generators/
+        fused.py)."""
+        for projections in self.fused or ():
+            projections.unpack()
+        self.head.unpack()
 
     @property
     def nbytes(self) -> int:
@@ -176,7 +187,7 @@ class DecoderEngine:
                 row, chunk, self.own[:, :, row.slot] if store is None else store
             )
         assert hidden is not None, "prefill needs at least one new id"
-        return self.base.lm_head(hidden[:, -1]).float()[0]
+        return self.head(hidden[:, -1]).float()[0]
 
     def prefill_rows(self, rows: list[Row], new_ids: list[list[int]]) -> Tensor:
         """Run each row's `new_ids` after what it covers, every row in one forward: (R, vocab)
@@ -218,7 +229,7 @@ class DecoderEngine:
         for row, ids in zip(rows, new_ids, strict=True):
             row.ids.extend(ids)
         last = torch.tensor([end - 1 for end in ends], device=device)
-        return self.base.lm_head(self.base.model.norm(x[0, last])).float()
+        return self.head(self.base.model.norm(x[0, last])).float()
 
     def new_store(self, tokens: int) -> Tensor:
         """Empty keys and values for `tokens` tokens, outside the slots (see `prefill`)."""
@@ -250,7 +261,7 @@ class DecoderEngine:
             x = self._finish_layer(index, x, attended)
         for row, token in zip(rows, tokens, strict=True):
             row.ids.append(token)
-        return self.base.lm_head(self.base.model.norm(x)[:, -1]).float()
+        return self.head(self.base.model.norm(x)[:, -1]).float()
 
     def _prefill_chunk(self, row: Row, new_ids: list[int], store: Tensor) -> Tensor:
         """store: (layers, 2, kv_heads, capacity, head_dim), row's own KV from position 0."""

@@ -19,6 +19,13 @@ and is called whenever the weights' fingerprint changes (each optimiser step, `l
 it copies the A and B factors and any base weight that is no longer a view (replaced)
 into the tensors allocated the first time.
 
+On a CPU in float32 the products run on a packed copy of each group's tensor (oneDNN's
+blocked layout, `pack`), as vLLM's CPU backend runs its linears: a plain product re-packs the
+weight on every call, which for a decode step's few rows costs about what the arithmetic does
+(benchmarks/README.md, "Packed weights"). The packed copies are made on first use after each
+`refresh()` and dropped by `unpack()` (the generator's `release_memory`, before the learner's
+step): while sampling the frozen weights are held twice (SmolLM2-135M: +0.5 GiB).
+
 A group whose modules are not plain `nn.Linear`s or peft LoRA `Linear`s over one, with one
 active adapter and no DoRA, bias on B or merged weights (a 4-bit base, for one), is not fused:
 `Projection.__call__` then calls the modules themselves. With peft's adapters disabled
@@ -32,12 +39,37 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# The row count oneDNN's packed layout is chosen for: a decode step's batch (any count runs).
+PACK_ROWS = 24
+
+
+def can_pack(weight: Tensor) -> bool:
+    """Whether products with `weight` run packed here: a float32 tensor on a CPU with oneDNN."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def pack(weight: Tensor) -> Tensor:
+    """`weight` (out, in) in oneDNN's blocked layout for `packed_linear` (a copy)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
+def packed_linear(x: Tensor, packed: Tensor) -> Tensor:
+    """x (..., in) times the packed weight's transpose: `linear(x, weight)`, float rounding
+    aside (the same products, another summation order)."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+
 
 class Projection:
     """The modules of one group (sharing an input), fused when they qualify."""
 
-    def __init__(self, modules: list[Any]):
+    def __init__(self, modules: list[Any], *, packed: bool = False):
         self.modules = modules
+        self.packs = packed  # products through a packed copy (see the module docstring)
+        self.packed: Tensor | None = None
         self.sizes = [_base(m).out_features for m in modules] if _fusable(modules) else []
         self.lora = [m for m in modules if hasattr(m, "lora_A")]
         self.weight: Tensor | None = None  # (sum(sizes) + sum(ranks), in)
@@ -47,6 +79,7 @@ class Projection:
 
     def refresh(self) -> None:
         """Copy into the fused tensors what may have changed (see the module docstring)."""
+        self.packed = None  # packed again on first use
         if not self.sizes or any(m.merged for m in self.lora):
             self.weight = None  # merged weights already hold the LoRA update: use the modules
             return
@@ -83,7 +116,12 @@ class Projection:
         if self.weight is None:
             return [module(x) for module in self.modules]
         n = sum(self.sizes)
-        hidden = torch.nn.functional.linear(x, self.weight)  # (..., n + R)
+        if self.packs and self.packed is None and can_pack(self.weight):
+            self.packed = pack(self.weight)
+        if self.packed is not None:
+            hidden = packed_linear(x, self.packed)  # (..., n + R)
+        else:
+            hidden = torch.nn.functional.linear(x, self.weight)
         out = hidden[..., :n]
         if self.lora_b is not None and not self.lora[0].disable_adapters:
             flat = torch.addmm(
@@ -96,26 +134,66 @@ class Projection:
             out = out + self.bias
         return list(out.split(self.sizes, dim=-1))
 
+    def unpack(self) -> None:
+        """Drop the packed copy (made again on first use)."""
+        self.packed = None
+
 
 class LayerProjections:
     """One decoder layer's four groups: q/k/v, o, gate/up, down."""
 
-    def __init__(self, layer: Any):
+    def __init__(self, layer: Any, *, packed: bool = False):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o = Projection([attn.o_proj])
-        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj])
-        self.down = Projection([mlp.down_proj])
+        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], packed=packed)
+        self.o = Projection([attn.o_proj], packed=packed)
+        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], packed=packed)
+        self.down = Projection([mlp.down_proj], packed=packed)
         self.act_fn = mlp.act_fn
 
+    @property
+    def groups(self) -> tuple[Projection, ...]:
+        return (self.qkv, self.o, self.gate_up, self.down)
+
     def refresh(self) -> None:
-        for group in (self.qkv, self.o, self.gate_up, self.down):
+        for group in self.groups:
             group.refresh()
+
+    def unpack(self) -> None:
+        for group in self.groups:
+            group.unpack()
 
     def mlp(self, x: Tensor) -> Tensor:
         """The gated MLP: down(act(gate(x)) * up(x))."""
         gate, up = self.gate_up(x)
         return self.down(self.act_fn(gate) * up)[0]
+
+
+class Head:
+    """The LM head, through a packed copy of its weight when that is a plain frozen linear
+    (the tied embedding, a quarter of a small model's decode products)."""
+
+    def __init__(self, module: Any, *, packed: bool = False):
+        self.module = module
+        self.packs = (
+            packed
+            and type(module) is torch.nn.Linear
+            and module.bias is None
+            and not module.weight.requires_grad
+        )
+        self.packed: Tensor | None = None
+        self.source: tuple[int, int] | None = None  # the weight packed: storage, version
+
+    def __call__(self, x: Tensor) -> Tensor:
+        weight = self.module.weight
+        if not self.packs or not can_pack(weight):
+            return self.module(x)
+        source = (weight.data_ptr(), weight._version)
+        if self.packed is None or source != self.source:
+            self.packed, self.source = pack(weight), source
+        return packed_linear(x, self.packed)
+
+    def unpack(self) -> None:
+        self.packed = None
 
 
 def _base(module: Any) -> Any:

@@ -217,8 +217,10 @@ class HFGenerator:
         anyway. Waits for a running decode step."""
         with self._model_lock:
             self.cache.invalidate()
-            if self.engine is not None and not self.engine.rows:
-                self.engine.release()
+            if self.engine is not None:
+                self.engine.unpack()  # packed weight copies, remade on the next step
+                if not self.engine.rows:
+                    self.engine.release()
 
     async def close(self) -> None:
         """Stop the worker; queued and running requests get a `GeneratorError`."""

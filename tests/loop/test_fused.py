@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loop.generators.fused import LayerProjections
+from loop.generators.fused import Head, LayerProjections
 from loop.model.policy import LoraSettings, policy_from_model
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 from tests.loop.test_kv_reuse import tiny_model
@@ -49,14 +49,19 @@ def assert_groups_equal_modules(layer, projections: LayerProjections) -> None:
         assert close(got, want), (got - want).abs().max()
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize(
     ("model_type", "targets"),
     [("llama", "all-linear"), ("qwen2", "all-linear"), ("qwen2", ("q_proj", "v_proj", "up_proj"))],
 )
-def test_each_group_equals_its_modules_with_lora_biases_and_partial_targets(model_type, targets):
+def test_each_group_equals_its_modules_with_lora_biases_and_partial_targets(
+    model_type, targets, packed
+):
     model = lora_model(model_type, targets)
     for layer in model.base_model.model.model.layers:
-        assert_groups_equal_modules(layer, LayerProjections(layer))
+        projections = LayerProjections(layer, packed=packed)
+        assert_groups_equal_modules(layer, projections)
+        assert (projections.qkv.packed is not None) == packed  # packed on first use
 
 
 def test_frozen_base_weights_become_views_and_trainable_ones_are_not_fused() -> None:
@@ -80,10 +85,11 @@ def test_frozen_base_weights_become_views_and_trainable_ones_are_not_fused() -> 
     assert_groups_equal_modules(plain_layer, frozen)
 
 
-def test_refresh_sees_an_optimizer_step_and_a_disabled_adapter_is_left_out() -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_refresh_sees_an_optimizer_step_and_a_disabled_adapter_is_left_out(packed) -> None:
     model = lora_model("qwen2")
     layer = model.base_model.model.model.layers[1]
-    projections = LayerProjections(layer)
+    projections = LayerProjections(layer, packed=packed)
     trained = [p for p in model.parameters() if p.requires_grad]
     for parameter in trained:
         parameter.grad = torch.ones_like(parameter)
@@ -107,3 +113,21 @@ def test_groups_that_do_not_qualify_call_their_modules() -> None:
     projections = LayerProjections(layer)
     assert projections.down.weight is None and projections.gate_up.weight is not None
     assert_groups_equal_modules(layer, projections)
+
+
+def test_the_packed_head_equals_the_module_and_follows_its_weight() -> None:
+    model = tiny_llama().eval().requires_grad_(False)
+    head = Head(model.lm_head, packed=True)
+    x = torch.randn(3, 2, model.lm_head.in_features)
+    with torch.no_grad():
+        assert close(head(x), model.lm_head(x)) and head.packed is not None
+        model.lm_head.weight.mul_(-0.5)  # changed in place: the packed copy is stale
+        assert close(head(x), model.lm_head(x))
+    head.unpack()
+    assert head.packed is None
+    with torch.no_grad():
+        assert close(head(x[:, -1]), model.lm_head(x[:, -1]))  # a strided view packs too
+    trained = Head(tiny_llama().lm_head, packed=True)  # a trainable head: the module is called
+    with torch.no_grad():
+        trained(x)
+    assert trained.packed is None
