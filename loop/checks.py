@@ -103,6 +103,7 @@ def check_run(config: RunConfig, world_size: int) -> None:
             f"reference pass, which needs one learner process, got {world_size}"
         )
     _check_demo_replay(config, world_size)
+    _check_old_logprobs(config)
     check_devices(config, world_size)
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
@@ -263,6 +264,25 @@ def _check_correction(train: TrainConfig) -> None:
         raise ConfigError(
             f"train.is_correction {train.is_correction} weighs tokens of the clipped loss: it "
             f"needs train.loss ppo and ratio_level token, got {train.loss}, {train.ratio_level}"
+        )
+
+
+def _check_old_logprobs(config: RunConfig) -> None:
+    """train.old_logprobs sampler: only where the sampler's log-probs are the learner's."""
+    train = config.train
+    if train.old_logprobs != "sampler":
+        return
+    if config.generator.backend != "hf" or config.model.dtype != "float32":
+        raise ConfigError(
+            "train.old_logprobs sampler takes the sampler's log-probs as the learner's: it "
+            "needs generator.backend hf and model.dtype float32 (the learner's own weights and "
+            f"numbers), got {config.generator.backend}, {config.model.dtype}"
+        )
+    if train.advantage in CRITIC_ADVANTAGES or train.kl_coef > 0:
+        raise ConfigError(
+            "train.old_logprobs sampler skips the recompute pass, which also records the "
+            f"critic's old values and the KL reference: it needs no critic (advantage "
+            f"{train.advantage}) and kl_coef 0 (got {train.kl_coef})"
         )
 
 

@@ -307,6 +307,14 @@ class TrainConfig:
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
     logprob_diff_threshold: float | None = doc(None, "abort if max |learner - sampler| exceeds it")
+    old_logprobs: Literal["recompute", "sampler"] = doc(
+        "recompute",
+        "the PPO ratio's old log-probs: recompute (a no-grad learner pass over every kept "
+        "rollout, compared with the sampler's: recompute/*; [P] App. D, [C]) | sampler (the "
+        "sampler's own, no pass: AReaL's recompute_logprob false; only for generator.backend "
+        "hf in float32, which samples with the learner's weights and measured within 1e-4 of "
+        "its recompute)",
+    )
     max_infra_failure_share: float | None = doc(
         0.5,
         "abort if more of an iteration's rollouts fail",

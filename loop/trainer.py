@@ -34,6 +34,9 @@ its reference code (apple/ml-loop, [C]):
   largest |A| ([C]).
 - Old log-probs: recomputed by the learner in eval mode and used in the ratio; the sampler's
   are kept for the parity statistics `recompute/*` ([P] App. D, [C]) and the `is/*` weights.
+  `old_logprobs: sampler` (our option, AReaL's `recompute_logprob: false`) takes the sampler's
+  instead, for the `hf` engine in float32 only, whose log-probs are the learner's weights'
+  (within 1e-4 of the recompute, measured): no pass over every rollout.
   `is_correction: truncate | mask` (our addition, off by default) weighs each token's objective
   by w = min(pi_old/pi_sampler, is_cap) or drops tokens with w outside `is_band` (AReaL's
   decoupled PPO, verl's token TIS, IcePop), for samplers that drift from the learner.
@@ -109,7 +112,7 @@ from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.evaluation import run_evaluations
 from loop.generators import sync
 from loop.generators.hf import EngineWork
-from loop.learner.batch import Sample, learner_logprobs, make_samples
+from loop.learner.batch import Sample, learner_logprobs, make_samples, take_sampler_logprobs
 from loop.learner.critic import assign_gae, build_critic
 from loop.learner.learner import Learner, LearnStats
 from loop.learner.settings import LearnerSettings
@@ -208,9 +211,13 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         ahead.dispatch_ahead(iteration, draw)
         t_learn = time.monotonic()
         parts.generator.release_memory()  # the sampler's caches, for the learner's memory
-        # 4. Recompute the old log-probs with the learner; compare with the sampler's.
-        metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
-        check_parity(metrics, cfg)
+        # 4. Recompute the old log-probs with the learner; compare with the sampler's (or,
+        #    old_logprobs: sampler, take the sampler's: the hf engine runs the same weights).
+        if cfg.old_logprobs == "sampler":
+            metrics |= take_sampler_logprobs(samples)
+        else:
+            metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
+            check_parity(metrics, cfg)
         if cfg.split_mismatch:  # the mismatch's engine and staleness parts, at pi_v
             t_split = time.monotonic()
             metrics |= await ahead.off_loop(
@@ -586,7 +593,11 @@ def record_iteration(
     if config.train.save_rollouts:
         path = run.rollouts(iteration)
         flat = [traj for group in groups for traj in group]
-        recomputed = learner_logprobs(samples, [len(traj.tokens) for traj in flat])
+        recomputed = (  # none recomputed when the sampler's are the old log-probs
+            learner_logprobs(samples, [len(traj.tokens) for traj in flat])
+            if config.train.old_logprobs == "recompute"
+            else {}
+        )
         write_rollouts(
             path, flat, iteration, config.train.split, credit.turn_advantages, kept, recomputed
         )

@@ -119,6 +119,23 @@ def make_samples(
     return samples
 
 
+def take_sampler_logprobs(samples: Sequence[Sample]) -> dict[str, float]:
+    """Set each sample's `old_logprobs` to its sampler's (`train.old_logprobs: sampler`), 0.0
+    off the output mask, instead of the learner's recompute pass; returns the count as
+    `old_logprobs/sampler_tokens`. Every output token must have one."""
+    tokens = 0
+    for sample in samples:
+        picked = sample.sampler_logprobs[sample.is_output]
+        if missing := int((~torch.isfinite(picked)).sum()):
+            raise ValueError(
+                f"rollout {sample.source}: {missing} output tokens without a sampler log-prob "
+                "(train.old_logprobs sampler needs every one: use recompute)"
+            )
+        sample.old_logprobs = torch.where(sample.is_output, sample.sampler_logprobs, 0.0)
+        tokens += len(picked)
+    return {"old_logprobs/sampler_tokens": float(tokens)}
+
+
 @dataclass
 class Batch:
     """Samples right-padded to one length: every tensor is (B, T_max)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import torch
 from loop.algo import credit
 from loop.checks import check_run
 from loop.config import ConfigError, load_config
+from loop.learner.batch import Sample, take_sampler_logprobs
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint
@@ -138,6 +140,40 @@ def test_every_variant_trains(tmp_path: Path, extra: list[str]) -> None:
     assert len(records) == 2
     assert records[0]["learn/optimizer_steps"] >= 1, records[0]
     assert all(r["loss/grad_norm"] is not None for r in records), records
+
+
+def test_the_samplers_old_logprobs_train_as_the_recomputed_ones(tmp_path: Path) -> None:
+    """train.old_logprobs sampler skips the recompute pass: with the hf engine the first
+    iteration's rollouts (the same: same weights, one row at a time) and its policy loss equal
+    the recompute's up to float noise, and LOOP still raises the reward."""
+    recomputed = run_synthetic(tmp_path / "recompute", 2, max_batch_size=1)
+    taken = run_synthetic(tmp_path / "sampler", 6, "train.old_logprobs=sampler", max_batch_size=1)
+    first, other = recomputed[0], taken[0]
+    assert "recompute/tokens" not in other and other["old_logprobs/sampler_tokens"] > 0, other
+    assert other["old_logprobs/sampler_tokens"] == first["recompute/tokens"]
+    assert first["recompute/abs_logprob_diff_max"] < 1e-4, first
+    for key in ("loss/policy", "loss/grad_norm", "loss/kl_k1"):
+        assert other[key] == pytest.approx(first[key], rel=1e-3, abs=1e-4), key
+    curve = rewards(taken)
+    assert max(curve[-2:]) > curve[0] + 0.25, curve
+
+
+def test_the_samplers_old_logprobs_by_hand() -> None:
+    nan = math.nan
+    sample = Sample(
+        tokens=torch.tensor([5, 6, 7, 8]),
+        is_output=torch.tensor([False, True, True, False]),
+        sampler_logprobs=torch.tensor([nan, -0.5, -1.25, nan]),
+        turn_ids=torch.tensor([-1, 0, 0, -1]),
+        advantages=torch.tensor([0.0, 1.0, 1.0, 0.0]),
+        source=3,
+    )
+    assert take_sampler_logprobs([sample]) == {"old_logprobs/sampler_tokens": 2.0}
+    assert sample.old_logprobs is not None
+    assert sample.old_logprobs.tolist() == [0.0, -0.5, -1.25, 0.0]
+    sample.sampler_logprobs[2] = nan  # an output token the backend gave no log-prob
+    with pytest.raises(ValueError, match="rollout 3: 1 output tokens without a sampler log-prob"):
+        take_sampler_logprobs([sample])
 
 
 def test_checkpoints_are_complete_and_pruned(tmp_path: Path) -> None:
@@ -273,6 +309,14 @@ def test_training_refuses_settings_the_learner_cannot_match() -> None:
         )  # fmt: skip
     with pytest.raises(ConfigError, match="multiple of the 3 learner processes"):
         check_run(load_config(None, ["generator.backend=vllm"]), 3)
+    with pytest.raises(ConfigError, match=r"old_logprobs sampler .* needs generator.backend hf"):
+        check_run(load_config(None, ["train.old_logprobs=sampler", "generator.backend=vllm"]), 1)
+    with pytest.raises(ConfigError, match=r"old_logprobs sampler .* model.dtype float32"):
+        check_run(load_config(None, ["train.old_logprobs=sampler", "model.dtype=bfloat16"]), 1)
+    with pytest.raises(ConfigError, match="critic's old values"):
+        check_run(load_config(None, ["train.old_logprobs=sampler", "train.advantage=gae"]), 1)
+    with pytest.raises(ConfigError, match="kl_coef 0"):
+        check_run(load_config(None, ["train.old_logprobs=sampler", "train.kl_coef=0.1"]), 1)
     with pytest.raises(ConfigError, match="strictly_on_policy"):
         load_config(None, ["train.strictly_on_policy=true"])
     with pytest.raises(ConfigError, match="min_rollouts_per_task"):
