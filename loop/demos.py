@@ -13,6 +13,11 @@ Two sources:
   short login and the helper is written where it is needed. `style="paper"` is the LOOP
   paper's SFT-GT variant (its App. C): one turn per top-level statement, the statement's
   comments as the thought, and every observation replaced by "Execution successful.".
+  `style="careful"` is the episode style as a careful agent plays it: before the first call of
+  an app's API (a login aside) a turn reads that API's documentation, and in half the tasks
+  (a stable hash of the task id) a wrong guess at the API's name comes first, fails, and the
+  thought of the documentation turn says so: a failed call followed by a recovery. The wrong
+  call is a `Mistake`: the agent sees it and its error, but its tokens are not trained on.
 - `replayed_demonstrations`: the assistant messages of successful rollouts from rollouts files
   (any run, any model: a teacher evaluated through the `openai` backend, say), replayed through
   the real environment with this policy's tokenizer, so they become token-exact for the student;
@@ -24,6 +29,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -36,16 +42,29 @@ from loop.rollout.prompt import format_assistant
 from loop.rollout.trajectory import Trajectory
 from tasks import Environment, GoldSolutions, SandboxLike, Task, TaskSuite
 
-DemoStyle = Literal["episode", "paper"]
+DemoStyle = Literal["episode", "paper", "careful"]
 PAPER_OBSERVATION = "Execution successful."
 CALL = re.compile(r"apis\.(\w+)\.(\w+)\(")
 PAGED = re.compile(r"apis\.(\w+)\.(\w+)\b(?!\s*\()")  # an API handed to a helper, not called
+REFERENCE = re.compile(r"apis\.(\w+)\.(\w+)\b")  # called or handed to a helper
 ANSWER = re.compile(r"complete_task\(\s*answer\s*=\s*(.+)\)\s*$", re.DOTALL)
 QUOTED_OUTPUT_CHARS = 80  # the last thought quotes the previous output when it is this short
 
 
+# The careful style's wrong guess at an API's name: its verb swapped for a likely other one.
+WRONG_VERBS = {
+    "show": "get", "get": "show", "search": "find", "find": "search", "add": "create",
+    "create": "add", "like": "favorite", "send": "write", "delete": "remove", "update": "edit",
+}  # fmt: skip
+
+
 class DemonstrationError(ValueError):
     """Demonstrations cannot be made as configured (stated in one line)."""
+
+
+class Mistake(str):
+    """An assistant message a demonstration shows but does not train on (the careful style's
+    wrong call: the policy learns what follows a failed call, never to make one)."""
 
 
 def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> list[Message]:
@@ -59,7 +78,52 @@ def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> 
         return [format_assistant(*step) for cell in cells for step in statements(cell)]
     cells = episode_cells(cells)
     last = len(cells) - 1
-    return [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
+    turns = [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
+    return careful_turns(cells, turns, task.id) if style == "careful" else turns
+
+
+def careful_turns(cells: Sequence[str], turns: list[Message], task_id: str) -> list[Message]:
+    """`turns` with the careful style's turns before the first cell that uses an app's API,
+    called or handed to a paging helper (see the module docstring); unchanged when none does."""
+    first = next(
+        (
+            (i, app, api)
+            for i, cell in enumerate(cells)
+            for app, api in REFERENCE.findall(cell)
+            if app not in ("supervisor", "api_docs") and api != "login"
+        ),
+        None,
+    )
+    if first is None:
+        return turns
+    index, app, api = first
+    doc = f'print(apis.api_docs.show_api_doc(app_name="{app}", api_name="{api}"))'
+    if zlib.crc32(task_id.encode()) % 2 == 0:
+        read = f"Before I call {app}.{api} I read its documentation, to pass the right arguments."
+        return [*turns[:index], format_assistant(read, doc), *turns[index:]]
+    verb, _, rest = api.partition("_")
+    wrong = f"{WRONG_VERBS.get(verb, 'get')}_{rest or verb}"
+    guess = f"Next I use {app}.{wrong} for what the task asks."
+    mistake = Mistake(format_assistant(guess, f"print(apis.{app}.{wrong}())"))
+    read = (
+        f"That call failed: {app}.{wrong} is not an API. I read the documentation of {app}.{api}."
+    )
+    return [*turns[:index], mistake, format_assistant(read, doc), *turns[index:]]
+
+
+def untrain_mistakes(traj: Trajectory, messages: Sequence[Message]) -> None:
+    """Clear the output mask of the turns played from `Mistake` messages; each must have failed
+    (else the demonstration would show a recovery from nothing)."""
+    for turn, message in zip(traj.turns, messages, strict=False):
+        if isinstance(message, Mistake):
+            if turn.error is None:
+                raise DemonstrationError(
+                    f"task {traj.task_id}: the careful style's wrong call did not fail: "
+                    f"{turn.code!r}"
+                )
+            traj.is_output[turn.output_start : turn.output_end] = [False] * (
+                turn.output_end - turn.output_start
+            )
 
 
 def episode_cells(cells: Sequence[str]) -> list[str]:
@@ -201,6 +265,7 @@ async def play(
                 generator=generator, tokenizer=tokenizer, settings=settings,
                 example=example, max_concurrent=1, on_done=on_done,
             )  # fmt: skip
+        untrain_mistakes(traj, messages)
         return traj
 
     return list(await asyncio.gather(*(one(i, t, m) for i, (t, m) in enumerate(scripts))))

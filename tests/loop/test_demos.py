@@ -20,6 +20,8 @@ import pytest
 from loop.config import AgentConfig
 from loop.demos import (
     PAPER_OBSERVATION,
+    DemonstrationError,
+    Mistake,
     assistant_messages,
     demo_settings,
     describe,
@@ -96,6 +98,39 @@ def test_the_papers_variant_shows_execution_successful_and_still_solves(
     [demo] = run([(task, scripts)], suite, pool, tokenizer, paper_observations=True)
     assert demo.reward == 1.0
     assert {t.observation for t in demo.turns[:-1]} == {PAPER_OBSERVATION}
+
+
+def test_the_careful_variant_reads_the_doc_recovers_and_trains_only_the_recovery(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    reads, recovers = suite.task("music_like_song_10"), suite.task("payments_balance_10")
+    plain = {t.id: len(gold_scripts(suite, t)) for t in (reads, recovers)}
+    scripts = [(t, gold_scripts(suite, t, "careful")) for t in (reads, recovers)]
+    assert [len(m) for _, m in scripts] == [plain[reads.id] + 1, plain[recovers.id] + 2]
+    assert not any(isinstance(m, Mistake) for m in scripts[0][1])
+    assert isinstance(scripts[1][1][1], Mistake) and "payments.get_balance" in scripts[1][1][1]
+    reading, recovering = run(scripts, suite, pool, tokenizer)
+    for demo in (reading, recovering):
+        assert demo.reward == 1.0 and demo.success, demo.task_id  # the same final state
+    doc = reading.turns[1]
+    assert 'show_api_doc(app_name="music", api_name="search_songs")' in doc.code
+    assert doc.error is None and "search_songs" in doc.observation
+    wrong, read = recovering.turns[1], recovering.turns[2]
+    assert wrong.error is not None and "get_balance" in wrong.observation  # it failed, shown
+    assert "That call failed" in read.text and "show_balance" in read.code
+    untrained = range(wrong.output_start, wrong.output_end)
+    assert not any(recovering.is_output[i] for i in untrained)  # seen, never trained
+    assert all(recovering.is_output[i] for i in range(read.output_start, read.output_end))
+
+
+def test_a_careful_wrong_call_that_succeeds_is_refused(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    task = suite.task("payments_balance_10")
+    messages = gold_scripts(suite, task, "careful")
+    messages[1] = Mistake(messages[3])  # a "wrong" call that is the right one
+    with pytest.raises(DemonstrationError, match="wrong call did not fail"):
+        run([(task, messages)], suite, pool, tokenizer)
 
 
 def test_statements_keep_loops_whole_and_use_comments_as_thoughts() -> None:
