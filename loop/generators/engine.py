@@ -3,7 +3,9 @@
 It runs the policy's own modules (embeddings, each layer's norms, the LM head) and their
 weights; the projections run fused, one matrix product per group of modules sharing an input
 with their LoRA factors (`loop/generators/fused.py`, on the same storage: one copy of the
-weights), and `refresh()` re-reads them after a weight change. `fused=False` calls each module
+weights; on a CPU in float32 the products and the LM head read packed copies made while
+sampling, `packed=False` for none), `refresh()` re-reads them after a weight change and
+`unpack()` drops the packed copies. `fused=False` calls each module
 instead (the reference the fused path is tested against). The attention and the cache are
 ours. A row's keys and values live in two parts:
 

@@ -8,10 +8,11 @@ the LoRA A factors), so one product gives every base output and every LoRA hidde
 second, with the block-diagonal of the scaled B factors, adds the LoRA update: 2 products per
 group, 8 per layer instead of 21.
 
-One copy of the weights. A frozen base weight (LoRA's base) becomes a view of its group's
-tensor (its parameter's `.data` is rebound once), so the fused tensor is its only storage and
-the learner computes with the same numbers; the extra memory is the A rows and the B
-block-diagonal (SmolLM2-135M, r=16: 28 MiB in float32, most of it the block-diagonal's zeros).
+One copy of the weights (packed copies for sampling on a CPU aside, below). A frozen base
+weight (LoRA's base) becomes a view of its group's tensor (its parameter's `.data` is rebound
+once), so the fused tensor is its only storage and the learner computes with the same
+numbers; the extra memory is the A rows and the B block-diagonal (SmolLM2-135M, r=16: 28 MiB
+in float32, most of it the block-diagonal's zeros).
 A group with a trainable base weight (full fine-tuning) is not fused: its parameter must stay
 the optimiser's own, and a fused copy would be a second copy of the model (15 GiB for a 7B
 model in bfloat16); the modules are called instead. `refresh()` re-reads what may have changed
