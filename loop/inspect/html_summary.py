@@ -8,7 +8,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from loop.inspect.metrics import METRICS, MetricSpec, ratio
+from loop.inspect.metrics import METRICS, MetricSpec, direction, ratio
 from loop.inspect.summary import Aggregate, Run, by_iteration, by_task, iterations, overview
 from loop.inspect.terminal import format_ratio, format_value, plural, short_name
 from loop.run.rundir import RunDir
@@ -113,12 +113,16 @@ def groups_table(groups: Sequence[tuple[str, Aggregate]], first: str, link: bool
 def compare_table(labels: tuple[str, str], before: Aggregate, after: Aggregate) -> str:
     """Each metric for both runs and the ratio after/before."""
     head = f"<tr><th>metric</th><th>{html.escape(labels[0])}</th>"
-    head += f"<th>{html.escape(labels[1])}</th><th>ratio</th></tr>"
-    rows = [
-        f"<tr>{_label(s)}{_cell(s, before[s.key])}{_cell(s, after[s.key])}"
-        f"<td>{format_ratio(ratio(before[s.key], after[s.key]))}</td></tr>"
-        for s in METRICS
-    ]
+    head += f"<th>{html.escape(labels[1])}</th><th>ratio</th>"
+    head += "<th title='base Qwen2.5-32B to LOOP, [P] section 5'>paper</th><th>way</th></tr>"
+    rows = []
+    for s in METRICS:
+        change = ratio(before[s.key], after[s.key])
+        rows.append(
+            f"<tr>{_label(s)}{_cell(s, before[s.key])}{_cell(s, after[s.key])}"
+            f"<td>{format_ratio(change)}</td><td>{format_ratio(s.paper)}</td>"
+            f"<td>{direction(change, s.paper)}</td></tr>"
+        )
     return f"<table class='metrics compare'>{head}{''.join(rows)}</table>"
 
 

@@ -17,6 +17,12 @@ group of those into the numbers the paper reports (loop_spec.md section 5, Appen
 
 Ratios over turns are pooled (sums over the group, then divided), as in the paper; per-rollout
 quantities are means over rollouts. Success and reward count an unscored rollout as 0.
+
+`MetricSpec.paper` is the factor the LOOP paper reports for the metric (after / before, base
+Qwen2.5-32B -> its LOOP checkpoint, loop_spec.md section 5 [P]: 1.6x more `show_api_doc`, 3x
+lower give-up rate, 6x fewer multi-cell turns, 30x fewer "assume", 6x fewer "dummy"; only these
+factors are in the paper's text), so `--compare` prints each change beside the paper's and
+`direction` says whether they agree.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class MetricSpec:
     label: str
     kind: Literal["count", "mean", "rate"]
     doc: str
+    paper: float | None = None  # the LOOP paper's after / before [P]; None: not in its text
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -56,11 +63,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("failed_api_calls", "failed API calls / rollout", "mean", "calls that erred"),
     MetricSpec(
         "show_api_doc", "show_api_doc / rollout", "mean",
-        "occurrences of apis.api_docs.show_api_doc in the agent's code",
+        "occurrences of apis.api_docs.show_api_doc in the agent's code", 1.6,
     ),
     MetricSpec(
         "multi_cell_turns", "multi-cell turns / turn", "rate",
-        "turns with more than one ```python block, over all turns",
+        "turns with more than one ```python block, over all turns", 1 / 6,
     ),
     MetricSpec(
         "execution_errors", "execution errors / turn", "rate",
@@ -69,9 +76,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "give_up_rate", "give-up rate (failed calls)", "rate",
         "(failed - recovered) / failed endpoints, the paper's algorithm; empty with no failures",
+        1 / 3,
     ),
-    MetricSpec("assume", "'assume' / rollout", "mean", "assume/assumed/assuming in agent text"),
-    MetricSpec("dummy", "'dummy' / rollout", "mean", "occurrences of 'dummy' in agent text"),
+    MetricSpec(
+        "assume", "'assume' / rollout", "mean", "assume/assumed/assuming in agent text", 1 / 30
+    ),
+    MetricSpec("dummy", "'dummy' / rollout", "mean", "occurrences of 'dummy' in agent text", 1 / 6),
     MetricSpec("code_chars", "code chars / rollout", "mean", "characters in ```python blocks"),
     MetricSpec(
         "distinct_sequences", "distinct call sequences / task", "mean",
@@ -203,6 +213,14 @@ def aggregate(rows: Sequence[RolloutMetrics]) -> dict[str, float | None]:
         "code_chars": mean(r.code_chars for r in rows),
         "distinct_sequences": mean(distinct_sequences(rows).values()),
     }
+
+
+def direction(change: float | None, paper: float | None) -> str:
+    """Whether a measured after / before goes the paper's way: "as paper", "against" or "-"
+    (no factor in the paper, an undefined change, or no change)."""
+    if change is None or paper is None or change == 1:
+        return "-"
+    return "as paper" if (change > 1) == (paper > 1) else "against"
 
 
 def ratio(before: float | None, after: float | None) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 
-from loop.inspect.metrics import METRICS, MetricSpec, ratio
+from loop.inspect.metrics import METRICS, MetricSpec, direction, ratio
 from loop.inspect.summary import Aggregate, Row
 
 MISSING = "-"
@@ -68,17 +68,22 @@ def groups_table(groups: Sequence[tuple[str, Aggregate]], first: str) -> str:
 
 
 def compare_table(labels: tuple[str, str], before: Aggregate, after: Aggregate) -> str:
-    """Each metric for both runs and after/before."""
-    rows = [
-        [
-            spec.label,
-            format_value(before[spec.key], spec.kind),
-            format_value(after[spec.key], spec.kind),
-            format_ratio(ratio(before[spec.key], after[spec.key])),
-        ]
-        for spec in METRICS
-    ]
-    return table(["metric", labels[0], labels[1], "ratio"], rows)
+    """Each metric for both runs, after/before, the LOOP paper's after/before (32B) and
+    whether the two go the same way."""
+    rows = []
+    for spec in METRICS:
+        change = ratio(before[spec.key], after[spec.key])
+        rows.append(
+            [
+                spec.label,
+                format_value(before[spec.key], spec.kind),
+                format_value(after[spec.key], spec.kind),
+                format_ratio(change),
+                format_ratio(spec.paper),
+                direction(change, spec.paper),
+            ]
+        )
+    return table(["metric", labels[0], labels[1], "ratio", "paper", "way"], rows, left=(0, 5))
 
 
 def rollouts_table(rows: Sequence[Row]) -> str:

@@ -13,6 +13,7 @@ from loop.inspect.metrics import (
     METRICS,
     aggregate,
     code_blocks,
+    direction,
     give_up_counts,
     give_up_rate,
     is_execution_error,
@@ -128,6 +129,17 @@ def test_unscored_rollout_and_empty_group() -> None:
     assert agg["give_up_rate"] is None and agg["distinct_sequences"] == 1
     with pytest.raises(ValueError, match="no rollouts"):
         aggregate([])
+
+
+def test_direction_against_the_paper() -> None:
+    assert direction(2.0, 1.6) == "as paper" and direction(0.5, 1 / 3) == "as paper"
+    assert direction(0.5, 1.6) == "against" and direction(float("inf"), 1 / 30) == "against"
+    assert direction(None, 1.6) == direction(1.0, 1.6) == direction(2.0, None) == "-"
+    factors = {spec.key: spec.paper for spec in METRICS if spec.paper is not None}
+    assert factors == pytest.approx(  # loop_spec.md section 5
+        {"show_api_doc": 1.6, "give_up_rate": 1 / 3, "multi_cell_turns": 1 / 6,
+         "assume": 1 / 30, "dummy": 1 / 6}
+    )  # fmt: skip
 
 
 def test_ratio() -> None:
