@@ -13,7 +13,9 @@ of one step (`pick_tokens`, and per-row `torch.multinomial`, its draw before), t
 learner-parity check of the fused and packed engines (max |logit gap| against the unfused one
 on the same rows), and the rows joining a step with `--join-tokens` new ids each (a turn's glue
 and observation), prefilled one row at a time against one packed `prefill_rows`.
-Prints ms per step and the ratios to `unfused`.
+Prints ms per step and the ratios to `unfused`. `--profile` adds, per thread count, where a
+`packed` step's time goes (torch.profiler, self CPU time): the matrix products, the attention
+kernel over the rows' own slots and over the shared prefix, and everything else.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--join-tokens", type=int, default=40, help="new ids a joining row has")
+    parser.add_argument("--profile", action="store_true", help="where a packed step's time goes")
     args = parser.parse_args()
     policy = load_policy(resolve_model("smollm2-135m"), lora=LoraSettings(rank=16, alpha=32))
     model = policy.model.eval()
@@ -115,6 +118,37 @@ def main() -> None:
             print(f"  {args.rows} rows joining with {args.join_tokens} new ids each (a turn's "
                   f"glue and observation): one at a time {alone * 1e3:.1f} ms, packed "
                   f"{packed * 1e3:.1f} ms ({alone / packed:.2f}x)")  # fmt: skip
+            if args.profile:
+                print(f"  a packed step's time: {step_shares(*engines['packed'], args.repeats)}")
+
+
+PRODUCTS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::bmm", "aten::linear")
+ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+def step_shares(engine: DecoderEngine, rows: list[Row], steps: int) -> str:
+    """Self CPU time of `steps` decode steps by kind of work (the rows are cut back after)."""
+    lengths = [len(row.ids) for row in rows]
+    with torch.profiler.profile(record_shapes=True) as profiler:
+        for _ in range(steps):
+            engine.decode(rows, [5] * len(rows))
+            for row, length in zip(rows, lengths, strict=True):
+                del row.ids[length:]
+    kinds = {"products": 0.0, "attention, own slots": 0.0, "attention, prefix": 0.0, "other": 0.0}
+    for event in profiler.key_averages(group_by_input_shape=True):
+        if event.key in PRODUCTS:
+            kind = "products"
+        elif event.key == ATTENTION:  # the prefix part runs every row's queries as one batch
+            shared = event.input_shapes and event.input_shapes[0] and event.input_shapes[0][0] == 1
+            kind = "attention, prefix" if shared and len(rows) > 1 else "attention, own slots"
+        else:
+            kind = "other"
+        kinds[kind] += event.self_cpu_time_total
+    total = sum(kinds.values())
+    per_step = total / steps / 1e3
+    return f"{per_step:.1f} ms a step: " + ", ".join(
+        f"{kind} {value / total:.0%}" for kind, value in kinds.items()
+    )
 
 
 def joining(
