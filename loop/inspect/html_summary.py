@@ -111,7 +111,7 @@ def groups_table(groups: Sequence[tuple[str, Aggregate]], first: str, link: bool
 
 
 def compare_table(labels: tuple[str, str], before: Aggregate, after: Aggregate) -> str:
-    """Each metric for both runs and the ratio after/before."""
+    """Each metric for both runs, the ratio after/before, the paper's factor and the way."""
     head = f"<tr><th>metric</th><th>{html.escape(labels[0])}</th>"
     head += f"<th>{html.escape(labels[1])}</th><th>ratio</th>"
     head += "<th title='base Qwen2.5-32B to LOOP, [P] section 5'>paper</th><th>way</th></tr>"
