@@ -176,6 +176,7 @@ class HFGenerator:
         self._active: list[_Active] = []
         self._outbox: list[tuple[_Request, Generation | Exception]] = []  # delivered after a step
         self._fingerprint: tuple[tuple[int, int], ...] | None = None
+        self._listing: ModelListing | None = None  # listed at a burst's start (ModelListing)
         self._worker: threading.Thread | None = None
         self._closed = False
 
@@ -210,6 +211,7 @@ class HFGenerator:
             raise ValueError("load_adapter(path) needs a LoRA policy: load_policy(..., lora=...)")
         with self._model_lock:
             load_adapter(self.policy.model, Path(path))
+            self._listing = None  # listed again before the next step
 
     def release_memory(self) -> None:
         """Drop the KV store and, when no row is active, free the row slots: the learner's step
@@ -314,9 +316,11 @@ class HFGenerator:
         """Admit `joining`, then one decode step for every active row. Results are delivered
         once the model is back in its own mode (a caller may train it as soon as it has them)."""
         assert self.engine is not None
+        if self._listing is None or not self._active:  # a burst starts: the model may differ
+            self._listing = ModelListing.of(self.policy.model)
         try:
-            with self._model_lock, _sampling_mode(self.policy.model, self.torch_threads):
-                self._sync_weights()
+            with self._model_lock, _sampling_mode(self._listing, self.torch_threads):
+                self._sync_weights(self._listing)
                 placed = [self._admit(request) for request in joining]
                 self._prefill_joined([entry for entry in placed if entry is not None])
                 for active in [a for a in self._active if a.request.future.done()]:  # cancelled
@@ -330,14 +334,14 @@ class HFGenerator:
             for request, outcome in outbox:
                 _deliver(request, outcome)
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self, listing: ModelListing) -> None:
         """Drop every cached key of old weights; recompute the active rows' caches."""
         assert self.engine is not None
-        fingerprint = _weights_fingerprint(self.policy.model)
+        fingerprint = listing.fingerprint()
         if fingerprint == self._fingerprint:
             return
         self.engine.refresh()  # the fused projections re-read the weights (may rebind views)
-        fingerprint = _weights_fingerprint(self.policy.model)
+        fingerprint = listing.fingerprint()
         if self._fingerprint is not None:
             self.cache.invalidate()
             for active in self._active:
@@ -509,7 +513,8 @@ class HFGenerator:
         return [outcome for request in batch for outcome in self._serve([request])]
 
     def _sample_batch(self, batch: list[_Request]) -> list[Generation]:
-        with self._model_lock, _sampling_mode(self.policy.model, self.torch_threads):
+        listing = ModelListing.of(self.policy.model)
+        with self._model_lock, _sampling_mode(listing, self.torch_threads):
             generations = sample_batch(
                 self.policy.model,
                 [request.prompt_token_ids for request in batch],
@@ -523,13 +528,38 @@ class HFGenerator:
         return generations
 
 
+@dataclass(frozen=True)
+class ModelListing:
+    """A model's modules and parameters, listed once and reused for every decode step of a
+    burst: walking them costs about what a fifth of a step does (SmolLM2-135M with LoRA: 2,499
+    modules and 692 parameters, 3 ms to list the modules, 4 ms the parameters, 6 ms to set
+    their training flags through `nn.Module.__setattr__`, against well under 1 ms from the
+    lists). The generator lists again when a burst of work starts (no row active: the learner
+    may have trained or replaced weights since) and after `load_adapter`."""
+
+    modules: tuple[Any, ...]
+    parameters: tuple[Tensor, ...]
+
+    @classmethod
+    def of(cls, model: Any) -> ModelListing:
+        return cls(tuple(model.modules()), tuple(model.parameters()))
+
+    def fingerprint(self) -> tuple[tuple[int, int], ...]:
+        """Each parameter's storage address and in-place version: any weight update (an
+        optimiser step, a copy into it, its `.data` rebound) changes it."""
+        return tuple((p.data_ptr(), p._version) for p in self.parameters)
+
+
 @contextlib.contextmanager
-def _sampling_mode(model: Any, threads: int | None) -> Iterator[None]:
-    """Eval mode, no grad and `threads` torch threads while sampling; restored after (the
-    learner, which trains this same model between rollouts, keeps its own thread count)."""
-    flags = [(module, module.training) for module in model.modules()]
+def _sampling_mode(listing: ModelListing, threads: int | None) -> Iterator[None]:
+    """Eval mode (every module's training flag off), no grad and `threads` torch threads while
+    sampling; restored after (the learner, which trains this same model between rollouts,
+    keeps its own mode and thread count). The flags are set directly, as `Module.train` sets
+    them, without its recursion and per-module `__setattr__`."""
+    training = [module for module in listing.modules if module.training]
     before = torch.get_num_threads()
-    model.eval()
+    for module in training:
+        object.__setattr__(module, "training", False)
     if threads is not None:
         torch.set_num_threads(threads)
     try:
@@ -537,8 +567,8 @@ def _sampling_mode(model: Any, threads: int | None) -> Iterator[None]:
             yield
     finally:
         torch.set_num_threads(before)
-        for module, training in flags:
-            module.training = training
+        for module in training:
+            object.__setattr__(module, "training", True)
 
 
 def kv_cache_budget_mb(device: torch.device) -> float:
@@ -554,11 +584,6 @@ def _pad_token_id(policy: Policy) -> int:
     pad = getattr(policy.tokenizer, "pad_token_id", None)
     pad = getattr(policy.tokenizer, "eos_token_id", None) if pad is None else pad
     return int(pad) if pad is not None else 0
-
-
-def _weights_fingerprint(model: Any) -> tuple[tuple[int, int], ...]:
-    """Each parameter's storage address and in-place version: any weight update changes it."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 def _deliver(request: _Request, outcome: Generation | Exception) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loop.generators.fused import Head, LayerProjections
+from loop.generators.fused import Head, LayerProjections, can_pack
 from loop.model.policy import LoraSettings, policy_from_model
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 from tests.loop.test_kv_reuse import tiny_model
@@ -131,3 +131,19 @@ def test_the_packed_head_equals_the_module_and_follows_its_weight() -> None:
     with torch.no_grad():
         trained(x)
     assert trained.packed is None
+
+
+def test_bfloat16_groups_pack_where_the_cpu_multiplies_bfloat16_natively() -> None:
+    model = lora_model("llama").to(torch.bfloat16)
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert can_pack(torch.zeros(2, 2, dtype=torch.bfloat16)) == native
+    assert not can_pack(torch.zeros(2, 2, dtype=torch.float16))
+    layer = model.base_model.model.model.layers[0]
+    plain, packed = LayerProjections(layer), LayerProjections(layer, packed=True)
+    x = torch.randn(3, 5, layer.self_attn.q_proj.in_features, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want, got = plain.mlp(plain.o(x)[0]), packed.mlp(packed.o(x)[0])
+    assert (packed.o.packed is not None) == native
+    assert got.dtype == torch.bfloat16
+    # bfloat16 keeps 8 bits: the two products round in other orders
+    assert (got.float() - want.float()).abs().max() <= 2e-2 * want.float().abs().max()

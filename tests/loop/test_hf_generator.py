@@ -135,6 +135,25 @@ async def test_training_mode_restored_and_kv_cache_used_with_checkpointing(
     await generator.close()
 
 
+async def test_modules_sample_in_eval_mode_and_train_again_after(tiny_model_dir: Path) -> None:
+    # the flags are set from a listing made once per burst, not by `model.eval()`: every
+    # module the engine calls must still see eval mode, and every flag come back
+    policy = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8))
+    policy.model.train()
+    seen: list[bool] = []
+    for layer in policy.model.base_model.model.model.layers:
+        layer.input_layernorm.register_forward_hook(lambda m, _a, _o: seen.append(m.training))
+    generator = HFGenerator(policy)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    await asyncio.gather(*(generator.generate(p, params) for p in prompts(3)))
+    assert seen and not any(seen)
+    assert all(module.training for module in policy.model.modules())
+    policy.model.eval()  # a flag off before sampling stays off after it
+    await generator.generate(prompts(1)[0], params)
+    assert not any(module.training for module in policy.model.modules())
+    await generator.close()
+
+
 async def test_bad_prompts_are_one_line_generator_errors(tiny_policy: Policy) -> None:
     generator = HFGenerator(tiny_policy)
     for bad, message in [([], "empty prompt"), ([5, TINY_VOCAB], "outside")]:

@@ -361,3 +361,16 @@ async def test_sampling_runs_with_its_own_thread_count_then_restores_it(tiny_pol
         await generator.close()
     finally:
         torch.set_num_threads(before)
+
+
+async def test_a_bfloat16_engine_samples_what_the_learner_scores(tiny_policy: Policy) -> None:
+    """The engine in bfloat16 (packed products where the CPU has them, the flash kernel on the
+    bfloat16 cache): its log-probs are the bfloat16 learner's up to bfloat16 rounding."""
+    from tests.loop.test_hf_generator import max_parity_gap
+
+    policy = Policy(tiny_policy.model.to(torch.bfloat16), tiny_policy.tokenizer)
+    generator, prompts = HFGenerator(policy, max_batch_size=3), task_prompts(3)
+    got = await asyncio.gather(*(generator.generate(p, sampled(i)) for i, p in enumerate(prompts)))
+    gap = max_parity_gap(policy.model, prompts, got)
+    assert gap < 0.1, f"log-prob gap {gap:.2e}"
+    await generator.close()
