@@ -21,10 +21,13 @@ the concatenation (`loop/generators/attention.py`; on a CPU by torch's flash ker
 `fused=False`). Prefill attention is torch's SDPA, which on a CPU (torch 2.13) already runs the
 flash kernel with our boolean mask and grouped heads.
 
-Keys and values are stored in the model's dtype: they come out of its projections and rotary
-embedding in that dtype, so storing them loses nothing (a bfloat16 7B model's 32 rows at 8K
-tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in float32 whatever the
-model's dtype, as the learner's CPU attention kernel accumulates in float32.
+On a GPU keys and values are stored in the model's dtype: they come out of its projections and
+rotary embedding in that dtype, so storing them loses nothing (a bfloat16 7B model's 32 rows at
+8K tokens hold 14 GiB, not the 28 GiB of float32). The attention math runs in float32 whatever
+the model's dtype, as the learner's CPU attention kernel accumulates in float32; so on a CPU,
+where memory is plentiful and bytes moved are the cost, they are stored in float32 (the same
+values, exactly): a bfloat16 cache would be converted for every layer of every decode step,
+which on SmolLM2-135M at 24 rows costs about what its packed bfloat16 products save.
 Active rows always occupy slots 0..B-1 in order: a leaving row's slot is filled by the last one.
 
 Memory: the slots' token capacity is the longest row's. `reserve(n)` grows it (by at least a
@@ -96,6 +99,7 @@ class DecoderEngine:
         fused: bool = True,
         packed: bool = True,
         max_tokens: int | None = None,
+        kv_dtype: torch.dtype | None = None,
     ):
         if max_rows < 1 or prefill_chunk < 1 or (max_tokens or 1) < 1:
             raise ValueError(
@@ -105,6 +109,9 @@ class DecoderEngine:
         self.max_tokens = max_tokens  # the slots' capacity never grows past it (None: no cap)
         self.model = model
         self.base = causal_lm(model)
+        weight = self.base.model.embed_tokens.weight
+        # the cache's dtype (None: the model's on a GPU, float32 on a CPU; module docstring)
+        self.kv_dtype = kv_dtype or (torch.float32 if weight.device.type == "cpu" else weight.dtype)
         config = self.base.config
         self.layers = list(self.base.model.layers)
         self.kv_heads = config.num_key_value_heads
@@ -346,7 +353,8 @@ class DecoderEngine:
     def _empty_slots(self) -> Tensor:
         weight = self.base.model.embed_tokens.weight
         return weight.new_zeros(
-            (len(self.layers), 2, self.max_rows, self.kv_heads, 0, self.head_dim)
+            (len(self.layers), 2, self.max_rows, self.kv_heads, 0, self.head_dim),
+            dtype=self.kv_dtype,
         )
 
 

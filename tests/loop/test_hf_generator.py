@@ -223,13 +223,15 @@ async def test_slots_are_freed_when_no_row_is_active(tiny_policy: Policy) -> Non
 
 
 async def test_stored_keys_and_values_lose_nothing_in_the_model_dtype(tiny_model_dir) -> None:
-    """The slots hold keys and values in the model's dtype (half of float32's memory in bf16):
-    they leave the projections and the rotary embedding in that dtype, so nothing is rounded;
-    a bfloat16 model samples through every path (prefix entries, own slots, later turns)."""
+    """On a GPU the slots hold keys and values in the model's dtype (half of float32's memory
+    in bf16): they leave the projections and the rotary embedding in that dtype, so nothing is
+    rounded; a bfloat16 cache serves every path (prefix entries, own slots, later turns). On a
+    CPU the default is float32 (the attention's type: no conversion every step)."""
     from loop.generators.engine import DecoderEngine
 
     policy = load_policy(str(tiny_model_dir), dtype="bfloat16")
-    engine = DecoderEngine(policy.model, max_rows=2)
+    assert DecoderEngine(policy.model, max_rows=2).own.dtype == torch.float32  # on a CPU
+    engine = DecoderEngine(policy.model, max_rows=2, kv_dtype=torch.bfloat16)  # as on a GPU
     assert engine.own.dtype == torch.bfloat16
     base = policy.model.model
     x = base.embed_tokens(torch.tensor([prompts(1)[0]]))
@@ -237,13 +239,18 @@ async def test_stored_keys_and_values_lose_nothing_in_the_model_dtype(tiny_model
     _, k, v = engine._qkv(0, x, rotary)
     assert torch.equal(k.to(torch.bfloat16).float(), k)
     assert torch.equal(v.to(torch.bfloat16).float(), v)
-    for store_mb in (1024, 0):  # prompts as prefix entries, and in the rows' own slots
-        generator = HFGenerator(policy, max_batch_size=4, kv_cache_mb=store_mb)
-        first = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
-        again = await generator.generate(prompts(3)[2] + first[2].token_ids + [5, 6], GREEDY)
-        assert [len(g.token_ids) for g in (*first, again)] == [10] * 4
-        assert generator.engine is not None and generator.engine.own.dtype == torch.bfloat16
-        await generator.close()
+    outputs = {}
+    for kv_dtype in (torch.bfloat16, torch.float32):
+        for store_mb in (1024, 0):  # prompts as prefix entries, and in the rows' own slots
+            generator = HFGenerator(policy, max_batch_size=4, kv_cache_mb=store_mb)
+            generator.engine = DecoderEngine(policy.model, max_rows=4, kv_dtype=kv_dtype)
+            first = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
+            again = await generator.generate(prompts(3)[2] + first[2].token_ids + [5, 6], GREEDY)
+            assert [len(g.token_ids) for g in (*first, again)] == [10] * 4
+            assert generator.engine.own.dtype == kv_dtype
+            outputs[kv_dtype, store_mb] = [g.token_ids for g in (*first, again)]
+            await generator.close()
+    assert len({str(tokens) for tokens in outputs.values()}) == 1  # the same keys either way
 
 
 async def test_close_fails_new_requests(tiny_policy: Policy) -> None:
