@@ -316,11 +316,9 @@ class HFGenerator:
         """Admit `joining`, then one decode step for every active row. Results are delivered
         once the model is back in its own mode (a caller may train it as soon as it has them)."""
         assert self.engine is not None
-        if self._listing is None or not self._active:  # a burst starts: the model may differ
-            self._listing = ModelListing.of(self.policy.model)
-        try:
-            with self._model_lock, _sampling_mode(self._listing, self.torch_threads):
-                self._sync_weights(self._listing)
+        try:  # the listing is taken under the lock (`with A, B` enters A before evaluating B)
+            with self._model_lock, _sampling_mode(self._current_listing(), self.torch_threads):
+                self._sync_weights()
                 placed = [self._admit(request) for request in joining]
                 self._prefill_joined([entry for entry in placed if entry is not None])
                 for active in [a for a in self._active if a.request.future.done()]:  # cancelled
@@ -334,9 +332,17 @@ class HFGenerator:
             for request, outcome in outbox:
                 _deliver(request, outcome)
 
-    def _sync_weights(self, listing: ModelListing) -> None:
+    def _current_listing(self) -> ModelListing:
+        """The model's modules and parameters for this step (under the model lock): listed
+        again when a burst of work starts (no row active) or after `load_adapter`."""
+        if self._listing is None or not self._active:
+            self._listing = ModelListing.of(self.policy.model)
+        return self._listing
+
+    def _sync_weights(self) -> None:
         """Drop every cached key of old weights; recompute the active rows' caches."""
-        assert self.engine is not None
+        assert self.engine is not None and self._listing is not None
+        listing = self._listing
         fingerprint = listing.fingerprint()
         if fingerprint == self._fingerprint:
             return
