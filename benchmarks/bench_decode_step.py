@@ -37,6 +37,20 @@ from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, load_policy
 
 
+def lora_model(dtype: str = "float32") -> Any:
+    """SmolLM2-135M with LoRA r16 whose B factors are random (so the adapter counts), the same
+    in any dtype."""
+    policy = load_policy(
+        resolve_model("smollm2-135m"), lora=LoraSettings(rank=16, alpha=32), dtype=dtype
+    )
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+    return policy.model
+
+
 def engine_with_rows(
     model: Any, rows: int, prefix: list[int], fused: bool, packed: bool = False
 ) -> tuple[DecoderEngine, list[Row]]:
@@ -65,13 +79,7 @@ def main() -> None:
     parser.add_argument("--join-tokens", type=int, default=40, help="new ids a joining row has")
     parser.add_argument("--profile", action="store_true", help="where a packed step's time goes")
     args = parser.parse_args()
-    policy = load_policy(resolve_model("smollm2-135m"), lora=LoraSettings(rank=16, alpha=32))
-    model = policy.model.eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.02)
+    model = lora_model().eval()
     prefix = torch.randint(0, 49000, (args.prefix,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         engines = {

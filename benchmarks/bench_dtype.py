@@ -26,25 +26,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script
-from benchmarks.bench_decode_step import engine_with_rows
+from benchmarks.bench_decode_step import engine_with_rows, lora_model
 from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden
-from loop.model.aliases import resolve_model
-from loop.model.policy import LoraSettings, load_policy
 
 DTYPES = ("float32", "bfloat16")
-
-
-def lora_model(dtype: str) -> Any:
-    """SmolLM2-135M with LoRA r16 whose B factors are random (the same in both dtypes)."""
-    policy = load_policy(
-        resolve_model("smollm2-135m"), lora=LoraSettings(rank=16, alpha=32), dtype=dtype
-    )
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in policy.model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.02)
-    return policy.model
 
 
 def learner_pass(model: Any, ids: torch.Tensor, trained: torch.Tensor) -> None:
