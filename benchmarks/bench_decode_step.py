@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # as a script
 from loop.generators.base import SamplingParams
-from loop.generators.engine import DecoderEngine, Row
-from loop.generators.kvcache import KVStore
-from loop.generators.sampling import pick_tokens
+from loop.generators.hf.engine import DecoderEngine, Row
+from loop.generators.hf.kvcache import KVStore
+from loop.generators.hf.sampling import pick_tokens
 from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, load_policy
 

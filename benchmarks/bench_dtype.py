@@ -9,7 +9,7 @@ a `--prefix`-token prefix entry (the quickstart's shared prompt) with 100-330 ow
 each, and one learner forward and backward over a `--tokens`-id sequence whose second half is
 trained (the log-probs of those tokens, as the learner and the warm start compute them). Prints
 whether oneDNN multiplies bfloat16 natively here (AVX512-BF16 or AMX: only then are the
-engine's bfloat16 products packed, `loop/generators/fused.py: can_pack`), the times, the
+engine's bfloat16 products packed, `loop/generators/hf/fused.py: can_pack`), the times, the
 ratios, and how far the two dtypes' next-token distributions are apart on the same rows
 (KL, and the gap of float32's most likely token).
 """

@@ -110,8 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from loop.generators.hf import HFGenerator
-    from loop.generators.vllm import VLLMGenerator
+    from loop.generators.hf.generator import HFGenerator
+    from loop.generators.vllm.inprocess import VLLMGenerator
     from loop.model.policy import load_policy
 
     path = resolve_model("smollm2-135m")

@@ -34,7 +34,7 @@ Sections, in order (the cheapest and most likely to break first):
   gap between the two ways' old log-probs (bf16: sums in another order).
 - `logprobs`: `token_logprobs` (chunked LM head) against `token_logprobs_naive` (the full
   (T, V) logits) on Qwen2.5-0.5B (vocabulary 151,936), forward+backward peak memory and time.
-- `engine`: the `hf` generator (loop/generators/hf.py) decoding 32 rows, each with its own
+- `engine`: the `hf` generator (loop/generators/hf/generator.py) decoding 32 rows, each with its own
   random prompt of 8,100 tokens, on Qwen2.5-7B: wall time, peak memory, the row slots' and
   the KV store's bytes, the memory still held after the last row finished. Three runs: the
   default settings (each first-turn prompt becomes a prefix entry); `kv_cache_mb=0`, so every
@@ -517,7 +517,7 @@ def section_engine(out: Out) -> None:
     import torch
 
     from loop.generators.base import Generation, SamplingParams
-    from loop.generators.hf import HFGenerator, kv_cache_budget_mb
+    from loop.generators.hf.generator import HFGenerator, kv_cache_budget_mb
     from loop.model.policy import LoraSettings, policy_from_model
 
     rows, prompt_len, new = (4, 300, 16) if out.tiny else (32, 8100, 32)
@@ -586,8 +586,8 @@ def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
     import torch
 
     from loop.generators.base import SamplingParams
-    from loop.generators.engine import DecoderEngine, Row
-    from loop.generators.sampling import pick_tokens, seeded_rng
+    from loop.generators.hf.engine import DecoderEngine, Row
+    from loop.generators.hf.sampling import pick_tokens, seeded_rng
 
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     engine = DecoderEngine(policy.model, max_rows=rows)
@@ -686,7 +686,7 @@ def section_parity(out: Out) -> None:
     import torch
 
     from loop.generators.base import SamplingParams
-    from loop.generators.hf import HFGenerator
+    from loop.generators.hf.generator import HFGenerator
     from loop.learner.logprobs import token_logprobs
     from loop.model.policy import LoraSettings, policy_from_model
 
@@ -785,9 +785,9 @@ def section_server(out: Out) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from loop.generators.base import SamplingParams
-    from loop.generators.server_process import ServerProcess
     from loop.generators.sync import publish_weights
-    from loop.generators.vllm_server import VLLMServerGenerator
+    from loop.generators.vllm.process import ServerProcess
+    from loop.generators.vllm.server import VLLMServerGenerator
     from loop.learner.logprobs import token_logprobs
     from loop.model.policy import LoraSettings, policy_from_model
 

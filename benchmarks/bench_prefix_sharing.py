@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script
-from loop.generators import hf
 from loop.generators.base import SamplingParams
+from loop.generators.hf import generator as hf
 from loop.model.policy import LoraSettings, load_policy
 
 

@@ -119,14 +119,14 @@ async def iteration(
 
 
 def make_generator(name: str, path: str, rows: int) -> Generator:
-    from loop.generators.hf import HFGenerator
+    from loop.generators.hf.generator import HFGenerator
     from loop.model.policy import LoraSettings, load_policy
 
     if name == "vllm":
-        from loop.generators.vllm import VLLMGenerator
+        from loop.generators.vllm.inprocess import VLLMGenerator
 
         return VLLMGenerator(path, max_model_len=8192)
-    from loop.generators.engine import DecoderEngine
+    from loop.generators.hf.engine import DecoderEngine
 
     dtype = "bfloat16" if "bf16" in name else "float32"
     policy = load_policy(path, dtype=dtype, lora=LoraSettings(rank=16, alpha=32))

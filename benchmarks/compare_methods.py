@@ -110,7 +110,7 @@ def run_synthetic(row: str, seed: int, iterations: int | None, out: Path) -> lis
     from peft import LoraConfig, get_peft_model
 
     from loop.config import load_config
-    from loop.generators.hf import HFGenerator
+    from loop.generators.hf.generator import HFGenerator
     from loop.parts import TrainParts
     from loop.trainer import train
     from tests.loop.synthetic import NoSandboxPool, WordSuite, synthetic_policy

@@ -193,7 +193,7 @@ def _training_generator(config: RunConfig, policy: Policy, lora: LoraSettings | 
 
 
 def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
-    from loop.generators.hf import HFGenerator
+    from loop.generators.hf.generator import HFGenerator
 
     settings = config.generator
     return HFGenerator(
@@ -211,7 +211,7 @@ def _engine_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
     with LoRA slots when adapters will come."""
     if config.generator.backend == "vllm_server":
         return _vllm_server_generator(config, enable_lora=enable_lora)
-    from loop.generators.vllm import VLLMGenerator
+    from loop.generators.vllm.inprocess import VLLMGenerator
 
     return VLLMGenerator(
         resolve_model(config.model.name),
@@ -228,8 +228,8 @@ def _engine_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
 
 def _vllm_server_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
     """`generator.servers` attached, or `generator.num_servers` started with their devices."""
-    from loop.generators.server_process import ServerProcess
-    from loop.generators.vllm_server import VLLMServerGenerator
+    from loop.generators.vllm.process import ServerProcess
+    from loop.generators.vllm.server import VLLMServerGenerator
 
     settings = config.generator
     base_model = settings.served_model or config.model.name
@@ -262,7 +262,7 @@ def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -
     """The started servers' arguments: the model and its length, token-exact log-probs of the
     sampling distribution, prefix caching, LoRA slots for the current and the previous version
     (and the S before it that groups collected ahead may still sample, `train.max_staleness`)."""
-    from loop.generators.vllm import stale_gguf_override, whole_prompts
+    from loop.generators.vllm.inprocess import stale_gguf_override, whole_prompts
 
     settings = config.generator
     model = resolve_model(config.model.name)

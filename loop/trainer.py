@@ -111,7 +111,7 @@ from loop.algo.credit import Credit, assign_credit, rollout_reward
 from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.evaluation import run_evaluations
 from loop.generators import sync
-from loop.generators.hf import EngineWork
+from loop.generators.hf.generator import EngineWork
 from loop.learner.batch import Sample, learner_logprobs, make_samples, take_sampler_logprobs
 from loop.learner.critic import assign_gae, build_critic
 from loop.learner.learner import Learner, LearnStats

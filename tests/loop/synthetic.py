@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from loop.config import load_config
-from loop.generators.hf import HFGenerator
+from loop.generators.hf.generator import HFGenerator
 from loop.model.policy import Policy
 from loop.parts import TrainParts
 from loop.trainer import train

@@ -1,4 +1,4 @@
-"""The `hf` engine's decode attention (`loop/generators/attention.py`): parts merged by their
+"""The `hf` engine's decode attention (`loop/generators/hf/attention.py`): parts merged by their
 log-sum-exps equal plain attention over each row's whole key sequence, on both kernels.
 
 Run: python -m pytest tests/loop/test_attention.py -q
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loop.generators.attention import decode_attention, step_index
-from loop.generators.kvcache import PrefixEntry
+from loop.generators.hf.attention import decode_attention, step_index
+from loop.generators.hf.kvcache import PrefixEntry
 
 LAYERS, KV_HEADS, GROUPS, DIM = 2, 2, 3, 8
 

@@ -201,7 +201,7 @@ def _train_lora_on_words(tmp_path: Path, name: str, keys: list[str]) -> list[dic
     """2 iterations of the trainer on the word task with a LoRA r4 policy; metrics records."""
     from peft import LoraConfig, get_peft_model
 
-    from loop.generators.hf import HFGenerator
+    from loop.generators.hf.generator import HFGenerator
     from loop.parts import TrainParts
     from loop.trainer import train
     from tests.loop.synthetic import NoSandboxPool, WordSuite

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from loop.config import load_config
-from loop.generators.hf import HFGenerator
+from loop.generators.hf.generator import HFGenerator
 from loop.learner.batch import Sample, collate
 from loop.learner.learner import Learner
 from loop.learner.logprobs import token_logprobs

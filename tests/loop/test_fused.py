@@ -1,4 +1,4 @@
-"""The `hf` engine's fused projections (`loop/generators/fused.py`) against the modules they fuse.
+"""The `hf` engine's fused projections (loop/generators/hf/fused.py) against their modules.
 
 Each group (q/k/v, o, gate/up, down) must give what its modules give, LoRA included, after the
 weights change (an optimiser step, then `refresh()`) and with the adapters disabled; a frozen
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loop.generators.fused import Head, LayerProjections, can_pack
+from loop.generators.hf.fused import Head, LayerProjections, can_pack
 from loop.model.policy import LoraSettings, policy_from_model
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 from tests.loop.test_kv_reuse import tiny_model

@@ -1,4 +1,5 @@
-"""`loop.generators.hf.HFGenerator`: stop tokens, batching that does not change results, exact
+"""`HFGenerator` (loop/generators/hf/generator.py): stop tokens, batching that does not change
+results, exact
 sampler log-probs (a learner recomputation with `token_logprobs` agrees), per-request errors,
 LoRA, adapter loading, training-mode restore and shutdown.
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
-from loop.generators.hf import HFGenerator
+from loop.generators.hf.generator import HFGenerator
 from loop.learner.logprobs import token_logprobs
 from loop.model.policy import LoraSettings, Policy, load_policy
 from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids
@@ -227,7 +228,7 @@ async def test_stored_keys_and_values_lose_nothing_in_the_model_dtype(tiny_model
     in bf16): they leave the projections and the rotary embedding in that dtype, so nothing is
     rounded; a bfloat16 cache serves every path (prefix entries, own slots, later turns). On a
     CPU the default is float32 (the attention's type: no conversion every step)."""
-    from loop.generators.engine import DecoderEngine
+    from loop.generators.hf.engine import DecoderEngine
 
     policy = load_policy(str(tiny_model_dir), dtype="bfloat16")
     assert DecoderEngine(policy.model, max_rows=2).own.dtype == torch.float32  # on a CPU
@@ -352,7 +353,7 @@ async def test_rows_never_grow_past_max_context_tokens(tiny_policy, monkeypatch)
 
 
 def test_kv_cache_budget_is_a_share_of_free_gpu_memory_when_unset(tiny_policy, monkeypatch):
-    import loop.generators.hf as hf
+    import loop.generators.hf.generator as hf
 
     assert HFGenerator(tiny_policy).cache.budget_bytes == hf.CPU_KV_CACHE_MB * 2**20
     assert HFGenerator(tiny_policy, kv_cache_mb=3).cache.budget_bytes == 3 * 2**20

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from loop.generators.base import Generation, GeneratorError, SamplingParams
-from loop.generators.engine import DecoderEngine, Row, supports
-from loop.generators.hf import HFGenerator
-from loop.generators.kvcache import KVStore, common_prefix_length
+from loop.generators.hf.engine import DecoderEngine, Row, supports
+from loop.generators.hf.generator import HFGenerator
+from loop.generators.hf.kvcache import KVStore, common_prefix_length
 from loop.model.policy import LoraSettings, Policy, load_policy
 from tests.loop.conftest import TINY_SHAPE, TINY_VOCAB
 

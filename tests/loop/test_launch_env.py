@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from loop.generators.launch_env import is_launcher_variable, launcher_free, launcher_free_environ
+from loop.generators.vllm.launch_env import (
+    is_launcher_variable,
+    launcher_free,
+    launcher_free_environ,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN_ENV = {  # what torchrun --nproc-per-node 2 gives rank 1, plus the learners' own tuning
@@ -73,7 +77,7 @@ except Exception as exc:
 
 UNDER_TORCHRUN = """
 import json, socket, subprocess, sys
-from loop.generators.launch_env import launcher_free_environ
+from loop.generators.vllm.launch_env import launcher_free_environ
 def child():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     args = [sys.executable, "-c", sys.argv[2], str(port), sys.argv[3]]

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PARENT = """
 import json, os, signal, subprocess, sys, time
-from loop.generators.lifeline import Lifeline, child_pids
+from loop.generators.vllm.lifeline import Lifeline, child_pids
 before = child_pids()
 # a child with a grandchild (as vLLM's engine core and its worker), both ignoring SIGTERM
 tree = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

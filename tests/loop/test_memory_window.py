@@ -19,7 +19,7 @@ import torch
 
 from loop.config import AgentConfig, load_config
 from loop.generators.base import Generation, SamplingParams
-from loop.generators.hf import HFGenerator
+from loop.generators.hf.generator import HFGenerator
 from loop.learner.batch import make_samples
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings

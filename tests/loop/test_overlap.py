@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from loop.config import load_config
 from loop.generators.base import Generation, SamplingParams
-from loop.generators.hf import HFGenerator
+from loop.generators.hf.generator import HFGenerator
 from loop.model import checkpoint
 from loop.model.policy import Policy
 from loop.parts import TrainParts

@@ -1,4 +1,4 @@
-"""`loop.generators.routing.PrefixRouter`: groups pinned by their first prompt, worked by hand.
+"""`loop.generators.vllm.routing.PrefixRouter`: groups pinned by their first prompt, worked by hand.
 
 Run: python -m pytest tests/loop/test_routing.py -q
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from loop.generators.routing import Pin, PrefixRouter
+from loop.generators.vllm.routing import Pin, PrefixRouter
 
 SYSTEM = [1, 50, 51, 52]  # every task's first prompt starts alike
 TASK_A = [*SYSTEM, 7, 7, 2]

@@ -1,4 +1,4 @@
-"""`loop.generators.server_process.ServerProcess`: a started server's environment, devices,
+"""`loop.generators.vllm.process.ServerProcess`: a started server's environment, devices,
 failures and life, with a stand-in server process (tests/loop/stub_server.py) that starts in a
 blink. vLLM itself is started by tests/loop/test_vllm_server.py.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from loop.generators.base import GeneratorError
-from loop.generators.launch_env import is_launcher_variable
-from loop.generators.server_process import ServerProcess, failure_cause, healthy
+from loop.generators.vllm.launch_env import is_launcher_variable
+from loop.generators.vllm.process import ServerProcess, failure_cause, healthy
 from tests.loop.test_launch_env import TORCHRUN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_a_killed_trainer_takes_its_server_with_it(tmp_path: Path) -> None:
     signal to the trainer's group would miss) ends too."""
     script = (
         "import sys; from pathlib import Path; "
-        "from loop.generators.server_process import ServerProcess; "
+        "from loop.generators.vllm.process import ServerProcess; "
         f"s = ServerProcess([], log_path=Path({str(tmp_path / 'log')!r}), module={STUB!r}); "
         "s.start(30); print(s.pid, flush=True); sys.stdin.read()"
     )
@@ -156,7 +156,7 @@ def test_a_server_dead_at_publication_is_restarted_with_the_new_version(
     would stop the run): it leaves routing and comes back serving the version published."""
     import asyncio
 
-    from loop.generators.vllm_server import VLLMServerGenerator
+    from loop.generators.vllm.server import VLLMServerGenerator
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     generator = VLLMServerGenerator(

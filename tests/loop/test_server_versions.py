@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from loop.generators import vllm_server
 from loop.generators.base import Generation, GeneratorError, SamplingParams
-from loop.generators.vllm_server import VLLMServerGenerator
+from loop.generators.vllm import server as vllm_server
+from loop.generators.vllm.server import VLLMServerGenerator
 
 PROMPT_A, PROMPT_B = [1, 2, 3], [7, 8, 9]
 

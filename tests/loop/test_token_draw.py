@@ -1,4 +1,4 @@
-"""The `hf` engine's token draw (loop/generators/sampling.py): inverse transform of one uniform
+"""The `hf` engine's token draw (loop/generators/hf/sampling.py): inverse transform of one uniform
 per row. It must draw each token with its probability, never a token outside the top-p
 nucleus, the same token for a row whatever rows stand beside it, and the argmax at
 temperature 0.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from loop.generators.base import SamplingParams
-from loop.generators.sampling import draw_tokens, pick_tokens, seeded_rng, top_p_logprobs
+from loop.generators.hf.sampling import draw_tokens, pick_tokens, seeded_rng, top_p_logprobs
 
 
 def test_draws_follow_the_distribution() -> None:

@@ -52,10 +52,10 @@ def policy() -> Policy:
 
 def make_generator(backend: str, policy: Policy) -> Generator:
     if backend == "hf":
-        from loop.generators.hf import HFGenerator
+        from loop.generators.hf.generator import HFGenerator
 
         return HFGenerator(policy, max_batch_size=4)
-    from loop.generators.vllm import VLLMGenerator
+    from loop.generators.vllm.inprocess import VLLMGenerator
 
     return VLLMGenerator(resolve_model("smollm2-135m"), max_model_len=4096, seed=1)
 

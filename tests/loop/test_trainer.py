@@ -202,7 +202,7 @@ import torch
 import loop.trainer as trainer
 from loop.parts import TrainParts
 from loop.config import load_config
-from loop.generators.hf import HFGenerator
+from loop.generators.hf.generator import HFGenerator
 from tests.loop.synthetic import (
     SYNTHETIC,
     NoSandboxPool,

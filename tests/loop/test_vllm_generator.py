@@ -1,4 +1,5 @@
-"""`loop.generators.vllm.VLLMGenerator` with the real vLLM CPU engine and SmolLM2-135M-Instruct.
+"""`VLLMGenerator` (loop/generators/vllm/inprocess.py) with the real vLLM CPU engine
+and SmolLM2-135M.
 
 One engine (LoRA enabled, float32) serves the whole module: start-up takes about half a
 minute here. The tests share one event loop for the same reason (the engine's output handler
@@ -82,7 +83,7 @@ def before_engine() -> tuple[set[int | None], set[int]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def generator(model_dir: str, before_engine) -> AsyncIterator[Generator]:
-    from loop.generators.vllm import VLLMGenerator
+    from loop.generators.vllm.inprocess import VLLMGenerator
 
     started = time.perf_counter()
     engine = VLLMGenerator(model_dir, max_model_len=2048, enable_lora=True, max_lora_rank=8)
@@ -204,7 +205,7 @@ async def test_bad_requests_are_one_line_generator_errors(generator) -> None:
 
 
 async def test_engine_start_failure_is_a_one_line_generator_error(tmp_path: Path) -> None:
-    from loop.generators.vllm import VLLMGenerator
+    from loop.generators.vllm.inprocess import VLLMGenerator
 
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(GeneratorError, match="failed to start") as caught:

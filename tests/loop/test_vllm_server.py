@@ -1,4 +1,4 @@
-"""`loop.generators.vllm_server.VLLMServerGenerator` with a real vLLM CPU server (SmolLM2-135M).
+"""`loop.generators.vllm.server.VLLMServerGenerator` with a real vLLM CPU server (SmolLM2-135M).
 
 One server, started once for the module (about a minute here), with LoRA slots: versions
 published under their own names sample differently, the server's log-probs of a rollout equal
@@ -27,7 +27,7 @@ import pytest_asyncio
 import torch
 
 from loop.generators.base import GeneratorError, SamplingParams
-from loop.generators.server_process import ServerProcess
+from loop.generators.vllm.process import ServerProcess
 from tests.loop.conftest import chat_prompt_ids
 from tests.loop.test_server_process import running
 from tests.loop.test_vllm_generator import (  # noqa: F401  (module fixtures)
@@ -59,7 +59,7 @@ ARGS = [
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def generator(model_dir: str, tmp_path_factory) -> AsyncIterator:  # noqa: F811
-    from loop.generators.vllm_server import VLLMServerGenerator
+    from loop.generators.vllm.server import VLLMServerGenerator
 
     logs = tmp_path_factory.mktemp("servers")
     process = ServerProcess(["--model", model_dir, *ARGS], log_path=logs / "server-0.log")
@@ -143,7 +143,7 @@ async def test_a_client_attaches_by_url_and_leaves_the_server_running(
     generator,
     tokenizer,  # noqa: F811
 ) -> None:
-    from loop.generators.vllm_server import VLLMServerGenerator
+    from loop.generators.vllm.server import VLLMServerGenerator
 
     attached = VLLMServerGenerator(
         base_model="base", adapter_prefix="other", urls=[generator.servers[0].url]

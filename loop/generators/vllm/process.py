@@ -1,9 +1,9 @@
 """One `vllm` OpenAI server as a child process: started clean, watched, stopped for good.
 
-The server backend (loop/generators/vllm_server.py) samples through vLLM's own OpenAI server,
+The server backend (loop/generators/vllm/server.py) samples through vLLM's own OpenAI server,
 `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script breaks with the CPU
 package's name), which it starts here or finds at a given URL. What a started server gets:
-- the environment without the launcher's variables (loop/generators/launch_env.py: under
+- the environment without the launcher's variables (loop/generators/vllm/launch_env.py: under
   torchrun its workers would otherwise join the learners' rendezvous or take their GPUs), its
   own GPUs (`CUDA_VISIBLE_DEVICES`) or, on CPU, its own cores (`VLLM_CPU_OMP_THREADS_BIND`),
   and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` for `/v1/load_lora_adapter`;
@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 
 from loop.generators.base import GeneratorError
-from loop.generators.launch_env import launcher_free
-from loop.generators.lifeline import Lifeline
+from loop.generators.vllm.launch_env import launcher_free
+from loop.generators.vllm.lifeline import Lifeline
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HOST = "127.0.0.1"  # loopback only: the server has no authentication

@@ -21,9 +21,9 @@ same directory each iteration; requests already running keep the adapter they st
 
 The engine core and its worker run in child processes (vLLM's multiprocessing client),
 started without the launcher's variables and on `devices` when given
-(loop/generators/launch_env.py: under torchrun they would otherwise hang in their own
+(loop/generators/vllm/launch_env.py: under torchrun they would otherwise hang in their own
 rendezvous, or take the learners' GPUs), and tied to this process's life
-(loop/generators/lifeline.py: killed, even by SIGKILL, it takes them with it; they would
+(loop/generators/vllm/lifeline.py: killed, even by SIGKILL, it takes them with it; they would
 otherwise live on holding the model); `close()` shuts them down and reaps them. The
 first `generate` binds the engine's output handler to the running event loop: use one event
 loop per generator. vLLM is imported inside the class, so this module imports without it
@@ -43,8 +43,8 @@ from typing import Any
 
 from loop.config_types import one_line
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
-from loop.generators.launch_env import launcher_free_environ
-from loop.generators.lifeline import Lifeline, child_pids
+from loop.generators.vllm.launch_env import launcher_free_environ
+from loop.generators.vllm.lifeline import Lifeline, child_pids
 
 log = logging.getLogger(__name__)
 

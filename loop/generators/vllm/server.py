@@ -3,12 +3,12 @@
 The topology every large RL trainer uses (apple/ml-loop, TRL's server mode, prime-rl, SkyRL,
 AReaL): inference runs in server processes of its own, on devices of its own, outside the
 learners' process group; rank 0 talks to the servers over HTTP. Servers are started here
-(loop/generators/server_process.py: clean environment, own devices, loopback, ended with the
+(loop/generators/vllm/process.py: clean environment, own devices, loopback, ended with the
 trainer) or attached by URL (`generator.servers`, e.g. servers on other nodes).
 
 Requests: token in, token out through vLLM's completions API (loop/generators/openai.py's
 token-id mode: prompt ids in, the sampled ids and their processed log-probs out). Routing
-(loop/generators/routing.py): a task's K rollouts and every later turn of each go to one server,
+(vllm/routing.py): a task's K rollouts and every later turn of each go to one server,
 with one adapter version; new groups go to the least-loaded server.
 
 Versions. `load_adapter(path)` publishes a new adapter under a name never used before in this
@@ -49,8 +49,8 @@ import httpx
 
 from loop.generators.base import Generation, GeneratorError, SamplingParams
 from loop.generators.openai import OpenAIGenerator, server_message
-from loop.generators.routing import PrefixRouter
-from loop.generators.server_process import ServerProcess, healthy
+from loop.generators.vllm.process import ServerProcess, healthy
+from loop.generators.vllm.routing import PrefixRouter
 
 log = logging.getLogger(__name__)
 ADMIN_TIMEOUT_S = 120.0  # one adapter load (a 32B LoRA from a network filesystem: seconds)

@@ -8,7 +8,7 @@ samples from the current learner weights (LoRA included).
    stays free); the result comes back to the caller's loop.
 2. Continuous batching: the worker keeps up to `max_batch_size` rows decoding. A finished row
    leaves at once and a waiting request joins before the next decode step.
-3. KV reuse (`loop/generators/kvcache.py`, `loop/generators/engine.py`): a joining request
+3. KV reuse (`loop/generators/hf/kvcache.py`, `loop/generators/hf/engine.py`): a joining request
    reuses the keys and values earlier requests computed, valid for the current weights only: the
    longest shared prefix of any earlier first-turn prompt (the system message and worked example
    are shared by every rollout, the whole first prompt by a task's K rollouts), or its own
@@ -63,9 +63,9 @@ from torch import Tensor
 
 from loop.config_types import one_line
 from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
-from loop.generators.engine import DecoderEngine, Row, supports
-from loop.generators.kvcache import KVStore
-from loop.generators.sampling import pick_tokens, sample_batch, seeded_rng
+from loop.generators.hf.engine import DecoderEngine, Row, supports
+from loop.generators.hf.kvcache import KVStore
+from loop.generators.hf.sampling import pick_tokens, sample_batch, seeded_rng
 from loop.model.checkpoint import load_adapter
 from loop.model.policy import Policy
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from loop.generators.kvcache import PrefixEntry
+from loop.generators.hf.kvcache import PrefixEntry
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 It runs the policy's own modules (embeddings, each layer's norms, the LM head) and their
 weights; the projections run fused, one matrix product per group of modules sharing an input
-with their LoRA factors (`loop/generators/fused.py`, on the same storage: one copy of the
+with their LoRA factors (`loop/generators/hf/fused.py`, on the same storage: one copy of the
 weights; on a CPU in float32 the products and the LM head read packed copies made while
 sampling, `packed=False` for none), `refresh()` re-reads them after a weight change and
 `unpack()` drops the packed copies. `fused=False` calls each module
@@ -17,7 +17,7 @@ ours. A row's keys and values live in two parts:
 
 Attention over the two parts is computed separately and merged exactly with their
 log-sum-exps (as cascade/shared-prefix attention does), so a row's output equals attention over
-the concatenation (`loop/generators/attention.py`; on a CPU by torch's flash kernel unless
+the concatenation (`loop/generators/hf/attention.py`; on a CPU by torch's flash kernel unless
 `fused=False`). Prefill attention is torch's SDPA, which on a CPU (torch 2.13) already runs the
 flash kernel with our boolean mask and grouped heads.
 
@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loop.generators.attention import decode_attention, step_index
-from loop.generators.fused import Head, LayerProjections
-from loop.generators.kvcache import PrefixEntry
+from loop.generators.hf.attention import decode_attention, step_index
+from loop.generators.hf.fused import Head, LayerProjections
+from loop.generators.hf.kvcache import PrefixEntry
 from loop.model.aliases import causal_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -123,12 +123,12 @@ class DecoderEngine:
         self.prefill_chunk = prefill_chunk
         self.rows: list[Row] = []
         self.own = self._empty_slots()
-        # fused projections (loop/generators/fused.py); None: each module called, the reference
+        # fused projections (loop/generators/hf/fused.py); None: each module called, the reference
         self.fused = (
             [LayerProjections(layer, packed=packed) for layer in self.layers] if fused else None
         )
         self.head = Head(self.base.lm_head, packed=fused and packed)  # the LM head
-        # decode attention by torch's CPU flash kernel (loop/generators/attention.py)
+        # decode attention by torch's CPU flash kernel (loop/generators/hf/attention.py)
         self.fused_attention = fused and self.own.device.type == "cpu"
 
     def refresh(self) -> None:
