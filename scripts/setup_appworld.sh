@@ -5,8 +5,8 @@
 # (tasks/appworld/). Then `appworld install` unpacks the apps bundled in the wheel (offline).
 #   bash scripts/setup_appworld.sh              creates or checks .venv-appworld/ (idempotent)
 #   APPWORLD_VENV=/path bash scripts/setup_appworld.sh    somewhere else (then export it too)
-# The official task data is separate: `appworld download data` (see README, "The AppWorld
-# benchmark"); the tests build a small data root of their own at test time.
+# The official task data is separate: `appworld download data` (see docs/suites.md, "The
+# AppWorld benchmark"); the tests build a small data root of their own at test time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${APPWORLD_VENV:-.venv-appworld}
