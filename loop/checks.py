@@ -3,6 +3,10 @@ is loaded (ranges and fields that must agree), `check_run` before a training run
 (what the learner processes, the sampler and the suite need to agree on), `check_splits` once
 the suite is built (every split the run names exists). Each raises a one-line `ConfigError`;
 the components built from the config (the learner, the value head) do not check again.
+
+What a generation backend can do is declared once, in `BACKENDS` (a `Backend` of capabilities
+each); the rules ask a capability, never a backend's name, and a refusal names the backends
+that have it (`having`).
 """
 
 from __future__ import annotations
