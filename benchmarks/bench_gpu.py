@@ -844,7 +844,7 @@ def section_server(out: Out) -> None:
                         mine = token_logprobs(policy.model, ids)[0, len(prompt) :].float().cpu()
                         diffs.append((mine - torch.tensor(gen.logprobs)).abs())
                 diff = torch.cat(diffs)
-                out.row(dtype=dtype, version=generations[0].metadata["adapter_version"],
+                out.row(dtype=dtype, version=generations[0].adapter_version,
                         start_s=round(start_s, 1), publish_s=round(publish_s, 2),
                         tokens=int(diff.numel()), abs_logprob_diff_mean=float(diff.mean()),
                         abs_logprob_diff_max=float(diff.max()))  # fmt: skip

@@ -16,10 +16,11 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from loop.checks import check_splits, sandbox_limits
+from loop.checks import backend, check_splits, having, sandbox_limits
 from loop.config import ConfigError, RunConfig
+from loop.config_types import SuiteOptions
 from loop.generators.base import Generator, GeneratorError
 from loop.generators.tokenizer import Tokenizer
 from loop.model.aliases import resolve_model
@@ -49,7 +50,7 @@ def build_suite(config: RunConfig) -> TaskSuite:
         pool_size=config.sandbox.pool_size,
         timeout_s=config.sandbox.cell_timeout_s,
         max_output_chars=config.sandbox.max_output_chars,
-        options=dataclasses.asdict(config.openenv) if config.suite == "openenv" else {},
+        options=suite_options(config),
     )
     try:
         return suite_for_run(config.suite, settings)
@@ -57,6 +58,13 @@ def build_suite(config: RunConfig) -> TaskSuite:
         raise ConfigError(f"suite: {exc.args[0] if exc.args else config.suite}") from None
     except SuiteSetupError as exc:
         raise ConfigError(f"suite {config.suite}: {exc}") from None
+
+
+def suite_options(config: RunConfig) -> dict[str, Any]:
+    """The suite's own section as plain values: the `SuiteOptions` section named after the
+    suite (`openenv:` for suite openenv); none for a suite without one."""
+    section = getattr(config, config.suite, None)
+    return dataclasses.asdict(section) if isinstance(section, SuiteOptions) else {}
 
 
 def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalParts:
@@ -87,10 +95,17 @@ def build_tokenizer(config: RunConfig) -> Any:
 
 
 def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[Generator, Any]:
-    """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied."""
-    backend = config.generator.backend
+    """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied: into the
+    policy a backend shares, else loaded as the backend's adapter."""
+    name, can = config.generator.backend, backend(config)
     _set_torch_threads(config)
-    if backend == "hf":
+    if checkpoint is not None and not can.trains:
+        raise ConfigError(
+            f"--checkpoint cannot be used with generator.backend {name} (no weights of ours): "
+            f"use {having(lambda b: b.trains)}"
+        )
+    policy = None
+    if can.shares_weights:
         from loop.model.policy import load_policy
 
         policy = load_policy(
@@ -103,25 +118,10 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
             from peft import PeftModel
 
             policy.model = PeftModel.from_pretrained(policy.model, str(checkpoint))
-        generator: Generator = _hf_generator(config, policy)
-        return generator, policy.tokenizer
-    tokenizer = build_tokenizer(config)
-    if backend in ("vllm", "vllm_server"):
-        generator = _engine_generator(config, enable_lora=checkpoint is not None)
-        if checkpoint is not None:
-            generator.load_adapter(checkpoint)
-        return generator, tokenizer
-    from loop.generators.openai import OpenAIGenerator
-
-    if checkpoint is not None:
-        raise ConfigError("--checkpoint cannot be used with generator.backend openai")
-    assert config.generator.base_url and config.generator.served_model  # checked by load_config
-    generator = OpenAIGenerator(
-        config.generator.base_url,
-        config.generator.served_model,
-        tokenizer=tokenizer,
-        mode=config.generator.openai_mode,
-    )
+    tokenizer = policy.tokenizer if policy is not None else build_tokenizer(config)
+    generator = BUILDERS[name](config, policy, tokenizer, enable_lora=checkpoint is not None)
+    if checkpoint is not None and not can.shares_weights:
+        generator.load_adapter(checkpoint)
     return generator, tokenizer
 
 
@@ -185,16 +185,19 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
 
 
 def _training_generator(config: RunConfig, policy: Policy, lora: LoraSettings | None) -> Generator:
-    """hf, vllm or vllm_server (`loop.checks.check_run` refused openai before anything was
-    built)."""
-    if config.generator.backend == "hf":
-        return _hf_generator(config, policy)
-    return _engine_generator(config, enable_lora=lora is not None)
+    """The config's backend on the policy being trained (`loop.checks.check_run` refused a
+    backend that cannot train before anything was built)."""
+    build = BUILDERS[config.generator.backend]
+    return build(config, policy, policy.tokenizer, enable_lora=lora is not None)
 
 
-def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
+def _hf_generator(
+    config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
+) -> Generator:
+    """Samples with `policy` itself (its adapter, if any, is the policy's)."""
     from loop.generators.hf.generator import HFGenerator
 
+    assert policy is not None  # loaded for a backend that shares weights
     settings = config.generator
     return HFGenerator(
         policy,
@@ -206,11 +209,11 @@ def _hf_generator(config: RunConfig, policy: Policy) -> Generator:
     )
 
 
-def _engine_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
-    """A vLLM engine for the config's model, in-process (`vllm`) or as servers (`vllm_server`),
-    with LoRA slots when adapters will come."""
-    if config.generator.backend == "vllm_server":
-        return _vllm_server_generator(config, enable_lora=enable_lora)
+def _vllm_generator(
+    config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
+) -> Generator:
+    """An in-process vLLM engine for the config's model, with LoRA slots when adapters will
+    come."""
     from loop.generators.vllm.inprocess import VLLMGenerator
 
     return VLLMGenerator(
@@ -226,8 +229,11 @@ def _engine_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
     )
 
 
-def _vllm_server_generator(config: RunConfig, *, enable_lora: bool) -> Generator:
-    """`generator.servers` attached, or `generator.num_servers` started with their devices."""
+def _vllm_server_generator(
+    config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
+) -> Generator:
+    """`generator.servers` attached, or `generator.num_servers` started with their devices,
+    with LoRA slots when adapters will come."""
     from loop.generators.vllm.process import ServerProcess
     from loop.generators.vllm.server import VLLMServerGenerator
 
@@ -256,6 +262,37 @@ def _vllm_server_generator(config: RunConfig, *, enable_lora: bool) -> Generator
         urls=settings.servers, start_timeout_s=settings.server_start_timeout_s,
         keep_versions=config.train.max_staleness + 1,
     )  # fmt: skip
+
+
+def _openai_generator(
+    config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
+) -> Generator:
+    """A client of the endpoint at `generator.base_url` (evaluation only)."""
+    from loop.generators.openai import OpenAIGenerator
+
+    assert config.generator.base_url and config.generator.served_model  # checked by load_config
+    return OpenAIGenerator(
+        config.generator.base_url,
+        config.generator.served_model,
+        tokenizer=tokenizer,
+        mode=config.generator.openai_mode,
+    )
+
+
+class _Builder(Protocol):
+    def __call__(
+        self, config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
+    ) -> Generator: ...
+
+
+# Each `generator.backend` (loop.checks.BACKENDS) to its constructor: the policy where the
+# backend shares the learner's weights, the tokenizer, and LoRA slots when adapters will come.
+BUILDERS: dict[str, _Builder] = {
+    "hf": _hf_generator,
+    "vllm": _vllm_generator,
+    "vllm_server": _vllm_server_generator,
+    "openai": _openai_generator,
+}
 
 
 def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -> list[str]:

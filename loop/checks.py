@@ -3,27 +3,87 @@ is loaded (ranges and fields that must agree), `check_run` before a training run
 (what the learner processes, the sampler and the suite need to agree on), `check_splits` once
 the suite is built (every split the run names exists). Each raises a one-line `ConfigError`;
 the components built from the config (the learner, the value head) do not check again.
+
+What a generation backend can do is declared once, in `BACKENDS` (a `Backend` of capabilities
+each); the rules ask a capability, never a backend's name, and a refusal names the backends
+that have it (`having`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from loop.config_types import CRITIC_ADVANTAGES, ConfigError, RunConfig, TrainConfig
 from sandbox.limits import Limits
 from tasks import GoldSolutions, TaskSuite, suite_class
 
 
+@dataclass(frozen=True)
+class Backend:
+    """What one generation backend can do: the checks here and the builder (loop/build.py)
+    ask these, never a backend's name. A capability not given is one it lacks."""
+
+    name: str
+    # Samples weights a run trains and loads adapters into (an endpoint's weights are not ours)
+    trains: bool = False
+    # Samples with the learner's own model object: nothing to publish, one copy of the policy,
+    # and log-probs that are the learner's own numbers where the dtype is float32
+    shares_weights: bool = False
+    # Runs beside several learner processes (its own engine, not the learner's model)
+    several_learners: bool = False
+    # Keeps several published adapter versions and samples the one a request names: what
+    # collecting ahead (`train.max_staleness`) and `train.split_mismatch` need
+    keeps_versions: bool = False
+    # Runs as servers: `generator.num_servers` started (an engine each) or `servers` attached
+    runs_servers: bool = False
+    # An endpoint run elsewhere: needs `generator.base_url` and `generator.served_model`
+    needs_endpoint: bool = False
+
+
+# Every `generator.backend` a config may name (the choices of `GeneratorConfig.backend`).
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("hf", trains=True, shares_weights=True),
+        Backend("vllm", trains=True, several_learners=True),
+        Backend(
+            "vllm_server",
+            trains=True,
+            several_learners=True,
+            keeps_versions=True,
+            runs_servers=True,
+        ),
+        Backend("openai", needs_endpoint=True),
+    )
+}
+
+
+def backend(config: RunConfig) -> Backend:
+    """The capabilities of the config's `generator.backend`."""
+    return BACKENDS[config.generator.backend]
+
+
+def having(capability: Callable[[Backend], bool]) -> str:
+    """The backends with `capability`, as a refusal names them: "vllm or vllm_server"."""
+    names = [b.name for b in BACKENDS.values() if capability(b)]
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
 def check_devices(config: RunConfig, world_size: int) -> None:
-    """The inference GPUs (`generator.devices`): tensor_parallel_size per engine (one engine for
-    `vllm`, `num_servers` for `vllm_server`), distinct, and none of the learners' (a process per
-    GPU 0..n-1 under a launcher). On CPU the servers' cores: distinct, at least one each."""
+    """The inference GPUs (`generator.devices`): tensor_parallel_size per engine (one engine,
+    or `num_servers` for a backend that runs servers), distinct, and none of the learners' (a
+    process per GPU 0..n-1 under a launcher). On CPU the servers' cores: distinct, at least
+    one each."""
     settings = config.generator
     devices = settings.devices
     if not devices:
         return
-    engines = settings.num_servers if settings.backend == "vllm_server" else 1
+    servers = backend(config).runs_servers
+    engines = settings.num_servers if servers else 1
     if len(set(devices)) != len(devices) or min(devices) < 0:
         raise ConfigError(f"generator.devices {devices}: give distinct indices >= 0")
-    if settings.backend == "vllm_server" and config.model.device == "cpu":
+    if servers and config.model.device == "cpu":
         if len(devices) < engines:
             raise ConfigError(
                 f"generator.devices {devices}: at least one CPU core for each of the "
@@ -45,7 +105,8 @@ def check_devices(config: RunConfig, world_size: int) -> None:
 
 
 def check_servers(config: RunConfig) -> None:
-    """`vllm_server`: servers to start or URLs to attach, never both; URLs that are URLs."""
+    """A backend that runs servers: servers to start or URLs to attach, never both; URLs that
+    are URLs."""
     settings = config.generator
     if settings.num_servers < 1 or not 0 <= settings.server_port < 65536:
         raise ConfigError(
@@ -68,9 +129,10 @@ def check_run(config: RunConfig, world_size: int) -> None:
     """What training with `world_size` learner processes needs: weights to train, the
     learner's and the sampler's distributions equal, minibatches that shard equally, and
     one process for the value head and the memory window (not sharded yet)."""
-    if config.generator.backend == "openai":
+    name, can = config.generator.backend, backend(config)
+    if not can.trains:
         raise ConfigError(
-            "generator.backend openai cannot train (no weights): use hf, vllm or vllm_server"
+            f"generator.backend {name} cannot train (no weights): use {having(lambda b: b.trains)}"
         )
     if config.agent.temperature <= 0 or config.agent.top_p != 1.0:
         raise ConfigError(
@@ -78,24 +140,24 @@ def check_run(config: RunConfig, world_size: int) -> None:
             f"log-probs would not match the sampler's), got {config.agent.temperature}, "
             f"{config.agent.top_p}"
         )
-    if config.generator.backend == "hf" and world_size > 1:
-        raise ConfigError(
-            "several learner processes need generator.backend vllm_server (or vllm), not hf"
-        )
-    if config.train.max_staleness and config.generator.backend != "vllm_server":
+    if not can.several_learners and world_size > 1:
+        fit = having(lambda b: b.several_learners)
+        raise ConfigError(f"several learner processes need generator.backend {fit}, not {name}")
+    if config.train.max_staleness and not can.keeps_versions:
         raise ConfigError(
             f"train.max_staleness {config.train.max_staleness} collects while the learner "
-            f"trains, which generator.backend {config.generator.backend} cannot (it samples "
-            "with the learner's weights or its process): use generator.backend: vllm_server"
+            f"trains, which generator.backend {name} cannot (it keeps one version of the "
+            f"weights): use generator.backend: {having(lambda b: b.keeps_versions)}"
         )
     if config.train.split_mismatch and (
-        config.generator.backend != "vllm_server" or not config.model.lora_rank or world_size > 1
+        not can.keeps_versions or not config.model.lora_rank or world_size > 1
     ):
+        fit = having(lambda b: b.keeps_versions)
         raise ConfigError(
             "train.split_mismatch loads the LoRA adapter a group sampled into the learner: it "
-            "needs generator.backend vllm_server (published adapters), model.lora_rank > 0 and "
-            f"one learner process, got {config.generator.backend}, lora_rank "
-            f"{config.model.lora_rank}, {world_size} processes"
+            f"needs generator.backend {fit} (published adapters), model.lora_rank "
+            f"> 0 and one learner process, got {name}, lora_rank {config.model.lora_rank}, "
+            f"{world_size} processes"
         )
     if config.train.kl_coef > 0 and config.train.kl_reference == "start" and world_size > 1:
         raise ConfigError(
@@ -176,11 +238,14 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(f"warm_start.limit: must be > 0, got {config.warm_start.limit}")
     if config.agent.temperature < 0 or not 0 < config.agent.top_p <= 1:
         raise ConfigError("agent.temperature must be >= 0 and agent.top_p in (0, 1]")
-    if config.generator.backend == "openai" and not (
+    if backend(config).needs_endpoint and not (
         config.generator.base_url and config.generator.served_model
     ):
-        raise ConfigError("generator.backend openai needs generator.base_url and served_model")
-    if config.generator.backend == "vllm_server":
+        raise ConfigError(
+            f"generator.backend {config.generator.backend} needs generator.base_url and "
+            "served_model"
+        )
+    if backend(config).runs_servers:
         check_servers(config)
     if config.agent.memory_turns is not None and config.agent.memory_turns < 1:
         raise ConfigError(f"agent.memory_turns: must be >= 1, got {config.agent.memory_turns}")
@@ -272,11 +337,12 @@ def _check_old_logprobs(config: RunConfig) -> None:
     train = config.train
     if train.old_logprobs != "sampler":
         return
-    if config.generator.backend != "hf" or config.model.dtype != "float32":
+    if not backend(config).shares_weights or config.model.dtype != "float32":
+        fit = having(lambda b: b.shares_weights)
         raise ConfigError(
             "train.old_logprobs sampler takes the sampler's log-probs as the learner's: it "
-            "needs generator.backend hf and model.dtype float32 (the learner's own weights and "
-            f"numbers), got {config.generator.backend}, {config.model.dtype}"
+            f"needs generator.backend {fit} and model.dtype float32 (the learner's "
+            f"own weights and numbers), got {config.generator.backend}, {config.model.dtype}"
         )
     if train.advantage in CRITIC_ADVANTAGES or train.kl_coef > 0:
         raise ConfigError(

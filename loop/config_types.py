@@ -416,7 +416,13 @@ class WarmStartConfig:
 
 
 @dataclass
-class OpenEnvConfig:
+class SuiteOptions:
+    """A suite's own section, named after the suite (`openenv:`): what the suite of that name
+    is built with (loop/build.py `suite_options`); other suites never see it."""
+
+
+@dataclass
+class OpenEnvConfig(SuiteOptions):
     """suite openenv: an OpenEnv environment server (tasks/openenv/)."""
 
     url: str | None = doc(None, "the server, e.g. http://127.0.0.1:8000 (ws:// works too)")

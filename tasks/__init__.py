@@ -10,7 +10,8 @@ from tasks import get_suite
 suite = get_suite("apptown")          # or suite_for_run(name, RunSettings(...)) from a config
 task = suite.tasks("train")[0]
 env = suite.make_env(task, sandbox)   # sandbox: a sandbox.Sandbox
-context = env.reset(); observation = env.step(code); report = env.evaluate()
+context = await env.areset(); observation = await env.astep(code)
+report = await env.aevaluate(); await env.aclose()
 """
 
 from tasks.core import (

@@ -51,7 +51,7 @@ def format_observation(output: str) -> str:
 def task_context(
     now: dt.datetime, name: str, email: str, phone_number: str, instruction: str
 ) -> str:
-    """The first user message of an episode (`Environment.reset`): who the supervisor is,
+    """The first user message of an episode (`Environment.areset`): who the supervisor is,
     today's date and the task, as AppWorld words it (both suites share it)."""
     return (
         f"Today is {now:%A, %Y-%m-%d} and the time is {now:%H:%M}.\n"
@@ -255,34 +255,23 @@ class SandboxLike(Protocol):
 
 
 class Environment(Protocol):
-    """One task instance bound to one sandbox (DESIGN.md section 4)."""
+    """One task instance bound to one sandbox (DESIGN.md section 4), as a rollout drives it:
+    all asyncio, so a remote environment waits on the network and a local one off the event
+    loop. A suite may add its own synchronous helpers (`AppTownEnv.step`); no caller of the
+    contract needs them."""
 
-    task: Task
     api_calls: list[ApiCall]
     last_result: Any  # the sandbox's ExecutionResult of the latest step (None before one)
     # After reset: a fingerprint of the state the episode started from (equal fingerprints:
     # equal states); None where the environment cannot tell
     start_fingerprint: str | None
 
-    def reset(self) -> str:
+    async def areset(self) -> str:
         """Fork a fresh state and return the task context for the prompt."""
         ...
 
-    async def areset(self) -> str:
-        """`reset` for asyncio rollouts (a remote environment resets over the network)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release what the episode holds outside the sandbox (a remote session); called once
-        the rollout is over, scored or not."""
-        ...
-
-    def step(self, code: str) -> str:
-        """Run one cell of agent code and return the observation."""
-        ...
-
     async def astep(self, code: str) -> str:
-        """`step` for asyncio rollouts."""
+        """Run one cell of agent code and return the observation."""
         ...
 
     @property
@@ -290,14 +279,15 @@ class Environment(Protocol):
         """The agent called `apis.supervisor.complete_task`."""
         ...
 
-    def evaluate(self) -> TestReport:
-        """Run the task's tests on the current state."""
+    async def aevaluate(self) -> TestReport:
+        """Run the task's tests on the current state, off the event loop, so a slow grader
+        holds up no other rollout. A grader that is slow because of the state the agent left
+        (the only input that varies) is the agent's: a failed test, not an exception."""
         ...
 
-    async def aevaluate(self) -> TestReport:
-        """`evaluate` for asyncio rollouts: off the event loop, so a slow grader holds up no
-        other rollout. A grader that is slow because of the state the agent left (the only
-        input that varies) is the agent's: a failed test, not an exception."""
+    async def aclose(self) -> None:
+        """Release what the episode holds outside the sandbox (a remote session); called once
+        the rollout is over, scored or not."""
         ...
 
 

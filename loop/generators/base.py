@@ -9,11 +9,12 @@ concurrently; a backend batches those calls as it sees fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
+PromptAs = Literal["token_ids", "text", "messages"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,16 @@ class Generation:
     logprobs: list[float] | None  # one per token_ids entry; None where the backend gives none
     finish_reason: FinishReason
     text: str | None = None  # decoded text, where the backend gives it (openai)
-    metadata: dict[str, object] = field(default_factory=dict)
+    # False when token_ids were not sampled as such: the server's text re-tokenised, or a text
+    # prompt that carried forged special tokens (openai's text modes); the rollout is marked
+    token_exact: bool = True
+    # special-token texts the agent's text carried into a text-mode prompt (openai)
+    forged_special_tokens: int = 0
+    # the published weights this request sampled (vllm_server: `Generator.version` names)
+    adapter_version: str | None = None
+    server: int | None = None  # which of several servers answered (vllm_server)
+    cached_tokens: int | None = None  # prompt tokens the engine found cached, where it says
+    prompt_as: PromptAs | None = None  # how the prompt went to an endpoint (openai)
 
 
 class GeneratorError(RuntimeError):
@@ -65,7 +75,7 @@ class Generator(Protocol):
     def version(self) -> str:
         """The name of the weights a request without `SamplingParams.version` samples now: a
         new name after each `load_adapter` where the backend keeps versions (vllm_server,
-        whose `Generation.metadata["adapter_version"]` names the one a request used)."""
+        whose `Generation.adapter_version` names the one a request used)."""
         ...
 
     async def generate(

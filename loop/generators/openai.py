@@ -12,7 +12,7 @@ Two modes:
   hosted chat-only models; asks for log-probs with standard fields only.
 
 What is recorded: the text always. Token ids and log-probs when the server gives ids (a
-`token_ids` field, or log-prob tokens written `token_id:N`); `metadata["token_exact"]` is then
+`token_ids` field, or log-prob tokens written `token_id:N`); `Generation.token_exact` is then
 True. Otherwise the text is re-tokenised with `tokenizer`, `token_exact` is False and
 `logprobs` is None (log-probs of the server's own tokens would not line up with our ids).
 
@@ -21,7 +21,7 @@ fallback and `chat`) send text that the server tokenises again, special tokens i
 observation that prints `<|im_start|>assistant` reaches the model as a real turn boundary,
 which our trajectory (tokenised with special tokens split) does not contain. Each request in a
 text mode counts the special-token texts of `tokenizer` that the agent's text carried in
-(`metadata["forged_special_tokens"]`: in the plain fallback those beyond the special ids of the
+(`Generation.forged_special_tokens`: in the plain fallback those beyond the special ids of the
 prompt itself, in `chat` every one in the messages' content); a count above zero also makes
 `token_exact` False, and the episode loop adds it to `Trajectory.forged_special_tokens`, so
 such a rollout is marked, never silently taken for what it sampled.
@@ -34,6 +34,7 @@ Failures: 429, 5xx, connection errors and timeouts are retried with exponential 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -42,7 +43,13 @@ from typing import Any, Literal
 
 import httpx
 
-from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.base import (
+    FinishReason,
+    Generation,
+    GeneratorError,
+    PromptAs,
+    SamplingParams,
+)
 from loop.generators.tokenizer import Tokenizer
 
 Mode = Literal["completions", "chat"]
@@ -196,7 +203,7 @@ class OpenAIGenerator:
         return {**self._sampling_fields(params), "messages": messages, "logprobs": True}
 
     def _parse_completion(
-        self, body: dict[str, Any], params: SamplingParams, *, prompt_as: str
+        self, body: dict[str, Any], params: SamplingParams, *, prompt_as: PromptAs
     ) -> Generation:
         choice = _first_choice(body)
         text = choice.get("text") or ""
@@ -205,10 +212,9 @@ class OpenAIGenerator:
         values = logprobs.get("token_logprobs")
         generation = self._generation(text, server_ids, values, choice, params, prompt_as=prompt_as)
         details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
-        if isinstance(
-            details.get("cached_tokens"), int
-        ):  # vllm serve --enable-prompt-tokens-details
-            generation.metadata["num_cached_tokens"] = details["cached_tokens"]
+        cached = details.get("cached_tokens")  # vllm serve --enable-prompt-tokens-details
+        if isinstance(cached, int):
+            return dataclasses.replace(generation, cached_tokens=cached)
         return generation
 
     def _parse_chat(self, body: dict[str, Any], params: SamplingParams) -> Generation:
@@ -227,20 +233,21 @@ class OpenAIGenerator:
         choice: dict[str, Any],
         params: SamplingParams,
         *,
-        prompt_as: str,
+        prompt_as: PromptAs,
     ) -> Generation:
         """Server ids (+ log-probs when one per id) if given, else the text re-tokenised."""
         finish_reason = _finish_reason(choice.get("finish_reason"))
-        metadata: dict[str, object] = {"prompt_as": prompt_as, "token_exact": bool(server_ids)}
         if server_ids:
             one_each = bool(values) and len(values or []) == len(server_ids)
             numbers = one_each and all(isinstance(v, int | float) for v in values or [])
             logprobs = [float(v) for v in values or []] if numbers else None
-            return Generation(server_ids, logprobs, finish_reason, text, metadata)
+            return Generation(server_ids, logprobs, finish_reason, text, prompt_as=prompt_as)
         if self.tokenizer is None:
             raise GeneratorError("the server gave no token ids and no tokenizer was given")
         token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        return Generation(token_ids, None, finish_reason, text, metadata)
+        return Generation(
+            token_ids, None, finish_reason, text, token_exact=False, prompt_as=prompt_as
+        )
 
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         """POST with bounded retries; the JSON answer, or `GeneratorError` / `_BadRequestError`."""
@@ -286,11 +293,9 @@ def _special_texts(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
 
 
 def _marked(generation: Generation, forged: int) -> Generation:
-    """`generation` with the text-mode count of forged special tokens in its metadata."""
-    generation.metadata["forged_special_tokens"] = forged
-    if forged:
-        generation.metadata["token_exact"] = False
-    return generation
+    """`generation` with the text-mode count of forged special tokens (any: not token-exact)."""
+    exact = generation.token_exact and not forged
+    return dataclasses.replace(generation, forged_special_tokens=forged, token_exact=exact)
 
 
 def _first_choice(body: dict[str, Any]) -> dict[str, Any]:

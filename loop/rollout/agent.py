@@ -128,13 +128,11 @@ async def run_episode(
             traj.status, traj.error = "generator_error", str(exc)
             break
         generation_s = time.monotonic() - generation_start
-        traj.token_exact &= bool(generation.metadata.get("token_exact", True))
-        forged = generation.metadata.get("forged_special_tokens", 0)
-        traj.forged_special_tokens += forged if isinstance(forged, int) else 0
+        traj.token_exact &= generation.token_exact
+        traj.forged_special_tokens += generation.forged_special_tokens
         turn = _record_output(traj, tokenizer, generation)
         turn.generation_s = generation_s
-        used = generation.metadata.get("adapter_version")
-        turn.adapter_version = used if isinstance(used, str) else None
+        turn.adapter_version = generation.adapter_version
         if turn.code is None:
             observation = NO_CODE
         else:

@@ -44,7 +44,7 @@ class WireSpec:
 
 @dataclass
 class OpenEnvEnv:
-    """reset -> step ... -> evaluate over one OpenEnv session (see the module docstring)."""
+    """areset -> astep ... -> aevaluate over one OpenEnv session (see the module docstring)."""
 
     task: Task
     spec: WireSpec
@@ -56,15 +56,6 @@ class OpenEnvEnv:
     _client: Any = None
     _rewards: list[float] = field(default_factory=list)
     _report: dict[str, Any] | None = None
-
-    def reset(self) -> str:
-        raise RuntimeError(f"{self.task.id}: a remote episode resets with `await areset()`")
-
-    def step(self, code: str) -> str:
-        raise RuntimeError(f"{self.task.id}: a remote episode steps with `await astep(code)`")
-
-    def evaluate(self) -> TestReport:
-        raise RuntimeError(f"{self.task.id}: a remote episode is graded by `await aevaluate()`")
 
     async def areset(self) -> str:
         """Open the session and reset it to the task; the task context for the prompt."""

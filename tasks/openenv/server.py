@@ -72,6 +72,7 @@ class SuiteEnvironment(OpenEnvEnvironment[CellAction, CellObservation, SuiteStat
         super().__init__()
         self.host = host
         self.env: Environment | None = None
+        self.task_id = ""  # the task of the episode `env` runs
         self.sandbox: Any = None
         self.steps = 0
         self.finished = False
@@ -100,8 +101,8 @@ class SuiteEnvironment(OpenEnvEnvironment[CellAction, CellObservation, SuiteStat
             self.sandbox = self.host.pool.acquire(timeout=self.host.acquire_timeout_s)
             with self.host.lock:
                 self.host.leased += 1
-        self.env = suite.make_env(task, self.sandbox)
-        context = self.env.reset()
+        self.env, self.task_id = suite.make_env(task, self.sandbox), task.id
+        context = asyncio.run(self.env.areset())  # its own loop: this is a session thread
         self.steps, self.finished = 0, False
         self._state = SuiteState(episode_id=episode_id, task_id=task.id)
         return CellObservation(
@@ -118,18 +119,18 @@ class SuiteEnvironment(OpenEnvEnvironment[CellAction, CellObservation, SuiteStat
         if self.finished:
             raise ValueError("the episode is over: send reset to start another")
         if action.submit:
-            return self._finish(CellObservation(task_id=env.task.id))
+            return self._finish(CellObservation(task_id=self.task_id))
         if len(action.code) > MAX_CODE_CHARS:
             raise ValueError(
                 f"the cell has {len(action.code)} characters, more than the {MAX_CODE_CHARS} "
                 "a step takes"
             )
         calls_before = len(env.api_calls)
-        observation = env.step(action.code)
+        observation = asyncio.run(env.astep(action.code))
         self.steps += 1
         self._state.step_count = self.steps
         out = CellObservation(
-            text=observation, task_id=env.task.id,
+            text=observation, task_id=self.task_id,
             api_calls=[dataclasses.asdict(c) for c in env.api_calls[calls_before:]],
         )  # fmt: skip
         result = env.last_result  # a sandbox.ExecutionResult

@@ -9,6 +9,7 @@ Run: python -m pytest tests/loop/test_agent.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -198,3 +199,30 @@ def test_generator_failure_is_a_status(suite: Any, pool: KernelPool, tokenizer: 
     traj, _ = episode(suite, pool, generator, tokenizer, suite.tasks("train")[0], max_turns=5)
     assert traj.status == "generator_error" and traj.infra_failure
     assert "backend went away" in (traj.error or "")
+
+
+class MarkedGenerator(ScriptedGenerator):
+    """Answers as a text-mode endpoint with published versions would: each turn not token-exact,
+    with one forged special token, sampled by version v<turn>."""
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, **kw: Any) -> Any:
+        generation = await super().generate(prompt_token_ids, params, **kw)
+        turn = len(self.prompts) - 1
+        return dataclasses.replace(
+            generation, token_exact=turn != 1, forged_special_tokens=1, adapter_version=f"v{turn}"
+        )
+
+
+def test_the_generations_typed_fields_mark_the_trajectory_and_its_turns(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    generator = MarkedGenerator(tokenizer, ["```python\nx = 1\n```"])
+    traj, _ = episode(suite, pool, generator, tokenizer, suite.tasks("train")[0], max_turns=3)
+    assert [turn.adapter_version for turn in traj.turns] == ["v0", "v1", "v2"]
+    assert traj.forged_special_tokens == 3 and traj.token_exact is False  # one turn suffices
+    plain, _ = episode(
+        suite, pool, ScriptedGenerator(tokenizer, ["hm"]), tokenizer, suite.tasks("train")[0],
+        max_turns=1,
+    )  # fmt: skip
+    assert plain.token_exact and plain.forged_special_tokens == 0
+    assert plain.turns[0].adapter_version is None

@@ -5,6 +5,7 @@ Run: python -m pytest tests/loop/test_config.py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,97 @@ def test_the_engine_on_its_own_gpus_passes() -> None:
         ],
     )
     check_run(config, 4)
+
+
+# Each backend's refusals, asked of the capability table (loop.checks.BACKENDS): the whole
+# one-line message, naming the backends that would do.
+ENDPOINT = ["generator.base_url=http://127.0.0.1:1/v1", "generator.served_model=m"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "overrides", "world", "message"),
+    [
+        ("openai", ENDPOINT, 1, "generator.backend openai cannot train (no weights): use hf, "
+         "vllm or vllm_server"),
+        ("hf", [], 2, "several learner processes need generator.backend vllm or vllm_server, "
+         "not hf"),
+        ("hf", ["train.max_staleness=1"], 1, "train.max_staleness 1 collects while the learner "
+         "trains, which generator.backend hf cannot (it keeps one version of the weights): use "
+         "generator.backend: vllm_server"),
+        ("vllm", ["train.max_staleness=2"], 1, "which generator.backend vllm cannot"),
+        ("vllm", ["train.split_mismatch=true"], 1, "needs generator.backend vllm_server "
+         "(published adapters), model.lora_rank > 0 and one learner process, got vllm"),
+        ("vllm_server", ["train.old_logprobs=sampler"], 1, "needs generator.backend hf and "
+         "model.dtype float32 (the learner's own weights and numbers), got vllm_server, float32"),
+    ],
+)  # fmt: skip
+def test_each_backend_is_refused_what_it_cannot_do(
+    backend: str, overrides: list[str], world: int, message: str
+) -> None:
+    from loop.checks import check_run
+
+    config = load_config(None, [f"generator.backend={backend}", *overrides])
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        check_run(config, world)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("backend", "overrides", "world"),
+    [
+        ("vllm", [], 2),
+        ("vllm_server", ["train.max_staleness=2"], 1),
+        ("hf", ["train.old_logprobs=sampler"], 1),
+    ],
+)
+def test_each_backend_runs_what_it_can_do(backend: str, overrides: list[str], world: int) -> None:
+    from loop.checks import check_run
+
+    check_run(load_config(None, [f"generator.backend={backend}", *overrides]), world)
+
+
+def test_the_capability_table_covers_every_backend_a_config_names() -> None:
+    import typing
+
+    from loop.build import BUILDERS
+    from loop.checks import BACKENDS, having
+    from loop.config import GeneratorConfig
+
+    named = typing.get_args(typing.get_type_hints(GeneratorConfig)["backend"])
+    assert list(BACKENDS) == list(named) == list(BUILDERS)
+    assert all(name == b.name for name, b in BACKENDS.items())
+    assert having(lambda b: b.trains) == "hf, vllm or vllm_server"
+    assert having(lambda b: b.keeps_versions) == "vllm_server"
+    # what only an endpoint needs is asked when the config loads
+    with pytest.raises(ConfigError, match=r"^generator.backend openai needs generator.base_url"):
+        load_config(None, ["generator.backend=openai"])
+
+
+def test_a_checkpoint_needs_a_backend_with_weights() -> None:
+    from loop.build import build_generator
+
+    config = load_config(None, ["generator.backend=openai", *ENDPOINT])
+    message = "--checkpoint cannot be used with generator.backend openai (no weights of ours): "
+    with pytest.raises(ConfigError, match=re.escape(message + "use hf, vllm or vllm_server")):
+        build_generator(config, Path("adapter"))
+
+
+def test_a_suite_is_built_with_the_section_named_after_it_and_no_other() -> None:
+    import dataclasses
+    import typing
+
+    from loop.build import suite_options
+    from loop.config_types import SuiteOptions
+    from tasks import SUITES
+
+    url = "openenv.url=http://127.0.0.1:8000"
+    options = suite_options(load_config(None, ["suite=openenv", url]))
+    assert options["url"] == "http://127.0.0.1:8000" and options["code_field"] == "code"
+    assert suite_options(load_config(None, ["suite=apptown", url])) == {}
+    hints = typing.get_type_hints(RunConfig)
+    sections = [
+        f.name
+        for f in dataclasses.fields(RunConfig)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], SuiteOptions)
+    ]
+    assert sections == ["openenv"] and set(sections) <= set(SUITES)

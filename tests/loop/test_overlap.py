@@ -64,8 +64,7 @@ class PublishedCopies:
         self.requests.append((params.version, name))
         unpinned = dataclasses.replace(params, version=None)
         generation = await self.versions[name].generate(prompt_token_ids, unpinned)
-        generation.metadata["adapter_version"] = name
-        return generation
+        return dataclasses.replace(generation, adapter_version=name)
 
     def load_adapter(self, path: Path | None) -> None:
         assert path is not None

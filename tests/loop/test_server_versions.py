@@ -84,9 +84,9 @@ async def test_a_group_keeps_its_version_across_a_publication(servers: Any) -> N
     generator.load_adapter(Path("/adapters/2"))  # published while the group is between turns
     later = await generator.generate([*PROMPT_A, 4, 5], params(pinned))
     fresh = await generator.generate(PROMPT_B, params())
-    assert first.metadata["adapter_version"] == later.metadata["adapter_version"] == "run-v1"
-    assert later.metadata["server"] == first.metadata["server"]  # the group's server too
-    assert fresh.metadata["adapter_version"] == "run-v2"
+    assert first.adapter_version == later.adapter_version == "run-v1"
+    assert later.server == first.server  # the group's server too
+    assert fresh.adapter_version == "run-v2"
     assert client.models == ["run-v1", "run-v1", "run-v2"]
     assert ("unload_lora_adapter", "run-v1") not in calls  # two versions are kept
 
@@ -101,12 +101,12 @@ async def test_the_oldest_version_leaves_once_no_request_uses_it(servers: Any) -
     generator.load_adapter(Path("/adapters/3"))  # v1 is now past the two kept: retired
     assert ("unload_lora_adapter", "run-v1") not in calls  # a request still samples it
     client.gate.set()
-    assert (await in_flight).metadata["adapter_version"] == "run-v1"
+    assert (await in_flight).adapter_version == "run-v1"
     assert calls.count(("unload_lora_adapter", "run-v1")) == 2  # from both servers, then
     with pytest.raises(GeneratorError, match="run-v1 is no longer served"):
         await generator.generate(PROMPT_A, params("run-v1"))
     still = await generator.generate(PROMPT_B, params("run-v2"))
-    assert still.metadata["adapter_version"] == "run-v2"
+    assert still.adapter_version == "run-v2"
 
 
 async def test_one_kept_version_is_the_synchronous_behaviour(servers: Any) -> None:
@@ -114,15 +114,13 @@ async def test_one_kept_version_is_the_synchronous_behaviour(servers: Any) -> No
     base = await generator.generate(PROMPT_A, params(generator.version))
     generator.load_adapter(Path("/adapters/1"))
     generator.load_adapter(Path("/adapters/2"))
-    assert base.metadata["adapter_version"] == "base"
+    assert base.adapter_version == "base"
     assert ("unload_lora_adapter", "run-v1") in calls  # unused: unloaded at once
     # a group pinned (by prompt) before the publication moves to the new version when it
     # names none, as before; the base weights stay servable
     again = await generator.generate(PROMPT_A, params())
-    assert again.metadata["adapter_version"] == "run-v2"
-    assert (await generator.generate(PROMPT_B, params("base"))).metadata[
-        "adapter_version"
-    ] == "base"
+    assert again.adapter_version == "run-v2"
+    assert (await generator.generate(PROMPT_B, params("base"))).adapter_version == "base"
     with pytest.raises(ValueError, match="keep_versions"):
         servers(0)
 

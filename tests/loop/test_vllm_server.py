@@ -85,15 +85,15 @@ async def test_versions_sample_under_their_own_names_and_match_peft(
 ) -> None:
     prompt = chat_prompt_ids(tokenizer, QUESTIONS[2])
     base = await generator.generate(prompt, greedy())
-    assert base.metadata["adapter_version"] == "base" and base.finish_reason == "stop"
+    assert base.adapter_version == "base" and base.finish_reason == "stop"
     save_random_lora(hf_model, tmp_path / "iter-1", seed=0)
     generator.load_adapter(tmp_path / "iter-1")
     first = await generator.generate(prompt, greedy())
     lora_model = save_random_lora(hf_model, tmp_path / "iter-2", seed=1)
     generator.load_adapter(tmp_path / "iter-2")
     second = await generator.generate(prompt, greedy())
-    assert first.metadata["adapter_version"] == "test-v1"
-    assert second.metadata["adapter_version"] == "test-v2"
+    assert first.adapter_version == "test-v1"
+    assert second.adapter_version == "test-v2"
     assert len({tuple(base.token_ids), tuple(first.token_ids), tuple(second.token_ids)}) == 3
     assert served_models(generator) == {"base", "test-v2"}  # v1 unloaded: no request used it
     # the server samples from the published weights: its log-probs are peft's
@@ -120,7 +120,7 @@ async def test_a_bad_adapter_is_refused_in_one_line_and_the_servers_keep_serving
     assert "\n" not in str(caught.value) and "visible on the server" in str(caught.value)
     assert generator.current == current and generator.restarts == 0
     again = await generator.generate(chat_prompt_ids(tokenizer, QUESTIONS[0]), greedy(4))
-    assert again.metadata["adapter_version"] == current
+    assert again.adapter_version == current
 
 
 async def test_a_version_never_reuses_another_versions_cached_prefix(
@@ -134,9 +134,9 @@ async def test_a_version_never_reuses_another_versions_cached_prefix(
     warm = await generator.generate(prompt, greedy(2))
     generator.load_adapter(generator.adapter_path)  # the same files: a new version and salt
     fresh = await generator.generate(prompt, greedy(2))
-    assert fresh.metadata["adapter_version"] != warm.metadata["adapter_version"]
-    assert warm.metadata["num_cached_tokens"] >= len(prompt) // 2, warm.metadata
-    assert fresh.metadata["num_cached_tokens"] == 0, fresh.metadata
+    assert fresh.adapter_version != warm.adapter_version
+    assert warm.cached_tokens >= len(prompt) // 2, warm
+    assert fresh.cached_tokens == 0, fresh
 
 
 async def test_a_client_attaches_by_url_and_leaves_the_server_running(
@@ -149,7 +149,7 @@ async def test_a_client_attaches_by_url_and_leaves_the_server_running(
         base_model="base", adapter_prefix="other", urls=[generator.servers[0].url]
     )
     result = await attached.generate(chat_prompt_ids(tokenizer, QUESTIONS[1]), greedy(8))
-    assert result.token_ids and result.metadata["server"] == 0
+    assert result.token_ids and result.server == 0
     await attached.close()
     assert generator.servers[0].process.alive()
     with pytest.raises(GeneratorError, match=r"no vLLM server answers at http://127\.0\.0\.1:9/v1"):
@@ -175,5 +175,5 @@ async def test_a_server_killed_mid_iteration_costs_its_requests_and_comes_back(
     after = await generator.generate(prompts[0], greedy(8))  # waits for the restart
     print(f"\nserver restart to first answer: {time.perf_counter() - started:.1f} s")
     assert generator.restarts == 1 and server.process.pid != old_pid
-    assert after.metadata["adapter_version"] == version  # back with the current adapter
+    assert after.adapter_version == version  # back with the current adapter
     assert not running(old_pid)

@@ -226,8 +226,8 @@ def _to_generation(final: Any, params: SamplingParams) -> Generation:
     logprobs = [
         float(entry[token].logprob) for entry, token in zip(output.logprobs, token_ids, strict=True)
     ]
-    metadata: dict[str, object] = {"num_cached_tokens": final.num_cached_tokens or 0}
-    return Generation(token_ids, logprobs, finish_reason, metadata=metadata)
+    cached = final.num_cached_tokens or 0
+    return Generation(token_ids, logprobs, finish_reason, cached_tokens=cached)
 
 
 def stale_gguf_override(model: str) -> dict[str, Any]:

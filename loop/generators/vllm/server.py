@@ -34,6 +34,7 @@ request waits up to `ready_timeout_s` for one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -186,8 +187,7 @@ class VLLMServerGenerator:
             self._using[version] -= 1
             if version in self._retired and not self._using[version]:
                 await asyncio.to_thread(self._unload, version)
-        generation.metadata.update(server=index, adapter_version=version)
-        return generation
+        return dataclasses.replace(generation, server=index, adapter_version=version)
 
     def idle_seconds(self) -> float:
         """Seconds so far that a server had no request in flight, the mean over the servers
