@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loop.config import ConfigError, RunConfig, load_config
+from loop.config import MOVED, ConfigError, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,10 +69,14 @@ SERVERS = "generator.backend=vllm_server"
         ("", ["warm_start.source=gold", "model.lora_rank=0"], "warm_start needs a LoRA"),
         ("", ["warm_start.rft_temperatures=[]", "warm_start.source=rft"], "rft_temperatures"),
         ("", ["warm_start.epochs=0"], "warm_start.epochs: must be > 0"),
-        ("", ["train.is_correction=clip"], "expected one of none, truncate, mask"),
-        ("", ["train.is_cap=0.5"], "train.is_cap: must be >= 1, got 0.5"),
-        ("", ["train.is_band=[1.5,2]"], "train.is_band: [low, high] with 0 <= low <= 1 <= high"),
-        ("", ["train.is_band=[0.5]"], "train.is_band: [low, high]"),
+        ("", ["train.off_policy.correction=clip"], "expected one of none, truncate, mask"),
+        ("", ["train.off_policy.cap=0.5"], "train.off_policy.cap: must be >= 1, got 0.5"),
+        (
+            "",
+            ["train.off_policy.band=[1.5,2]"],
+            "train.off_policy.band: [low, high] with 0 <= low <= 1 <= high",
+        ),
+        ("", ["train.off_policy.band=[0.5]"], "train.off_policy.band: [low, high]"),
         ("", ["eval.sampled_rollouts_per_task=-1"], "eval.sampled_rollouts_per_task: must be >= 0"),
         (
             "",
@@ -81,7 +85,7 @@ SERVERS = "generator.backend=vllm_server"
         ),
         (
             "",
-            ["train.is_correction=mask", "train.ratio_level=trajectory"],
+            ["train.off_policy.correction=mask", "train.ratio_level=trajectory"],
             "needs train.loss ppo and ratio_level token, got ppo, trajectory",
         ),
         ("", [SERVERS, "generator.servers=[localhost:8000]"], "is not an http(s)://host:port/v1"),
@@ -134,6 +138,42 @@ def test_a_config_can_start_from_a_base(tmp_path: Path) -> None:
     config = load_config(child, ["train.epochs=1"])
     assert (config.name, config.agent.max_turns, config.agent.temperature) == ("ei", 7, 0.5)
     assert (config.train.lr, config.train.epochs) == (5.0e-5, 1)
+
+
+def test_a_section_inside_a_section_from_yaml_and_overrides(tmp_path: Path) -> None:
+    text = "train:\n  epochs: 1\n  kl:\n    coef: 0.04\n  off_policy:\n    band: [0.25, 4]\n"
+    config = load_config(write(tmp_path, text), ["train.kl.reference=start", "train.replay.coef=0"])
+    assert (config.train.epochs, config.train.kl.coef, config.train.kl.reference) == (
+        1, 0.04, "start",
+    )  # fmt: skip
+    assert config.train.off_policy.band == [0.25, 4.0] and config.train.kl.into == "loss"
+    assert load_config(None, ["train.overlap.max_staleness=2"]).train.overlap.max_staleness == 2
+    with pytest.raises(ConfigError, match=r"^unknown config key train\.kl\.beta \(known: coef"):
+        load_config(None, ["train.kl.beta=0.1"])
+    with pytest.raises(ConfigError, match=r"^train\.kl: expected a mapping, got 0\.1$"):
+        load_config(None, ["train.kl=0.1"])
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED["train"].items()))
+def test_a_moved_key_names_its_new_place(tmp_path: Path, old: str, new: str) -> None:
+    message = f"^train\\.{old} is now train\\.{new.replace('.', '[.]')}$"
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"train.{old}=1"])
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, f"train:\n  epochs: 1\n  {old}: 1\n"))
+    section, field = new.split(".")
+    assert hasattr(getattr(RunConfig().train, section), field)
+
+
+@pytest.mark.parametrize("path", [None, *sorted((ROOT / "configs").rglob("*.yaml"))])
+def test_the_resolved_config_a_run_writes_loads_back_the_same(
+    tmp_path: Path, path: Path | None
+) -> None:
+    from loop.run.rundir import write_config
+
+    config = load_config(path, ["train.kl.coef=0.01", "train.horizon.start=3"])
+    write_config(tmp_path, config.to_dict())
+    assert load_config(tmp_path / "config.yaml") == config
 
 
 @pytest.mark.parametrize(
