@@ -1,9 +1,9 @@
 """Typed run configuration: YAML file + `key=value` overrides -> `RunConfig`, or a one-line error.
 
 Every field has a type and a one-line doc (loop/config_types.py, printed by `python train.py
---help-config`); a wrong key, a wrong type or a bad value is a `ConfigError` naming the dotted
-key (`agent.max_turns: expected int, got 'ten'`), never a traceback deep in a run. A field
-whose type is a dataclass is a section, in YAML (`kl:` under `train:`) and in overrides
+--help-config`: `describe`); a wrong key, a wrong type or a bad value is a `ConfigError` naming
+the dotted key (`agent.max_turns: expected int, got 'ten'`), never a traceback deep in a run. A
+field whose type is a dataclass is a section, in YAML (`kl:` under `train:`) and in overrides
 (`train.kl.coef=0.01`) alike; a key that moved into a section names its new place (`MOVED`).
 Values are checked once, here (loop/checks.py `check_values`); what a training run needs on
 top is `check_run`. Defaults follow the paper where it has a number (loop_spec.md);
@@ -33,7 +33,6 @@ from loop.config_types import (
     SandboxConfig,
     TrainConfig,
     WarmStartConfig,
-    describe,
     one_line,
 )
 
@@ -175,3 +174,21 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     ):
         raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
     return value
+
+
+def describe(cls: type = RunConfig, prefix: str = "") -> str:
+    """Every field of `cls` and its sections: `key (type, default: value)` and its doc."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            lines.append(f"\n{prefix}{f.name}: {f.metadata['doc']}")
+            lines.append(describe(typing.cast(type, hint), f"{prefix}{f.name}."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        lines.append(
+            f"  {prefix}{f.name} ({kind}, default: {default!r})\n      {f.metadata['doc']}"
+        )
+    return "\n".join(lines)

@@ -1,15 +1,14 @@
 """The run configuration's types: one dataclass per section, every field with its one-line doc.
 
 The doc is the field's metadata (`doc(default, text)`), so `python train.py --help-config`
-prints it (`describe`) and a test checks that no field lacks one. Defaults follow the paper
-where it has a number (loop_spec.md); `configs/quickstart.yaml` scales them down for a CPU.
-Loading and validation live in loop/config.py and loop/checks.py.
+prints it and a test checks that no field lacks one. Defaults follow the paper where it has a
+number (loop_spec.md); `configs/quickstart.yaml` scales them down for a CPU. Loading, the
+`--help-config` text (`describe`) and validation live in loop/config.py and loop/checks.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,25 +191,21 @@ CRITIC_ADVANTAGES = ("gae", "verlog")  # train.advantage values that train a val
 
 @dataclass
 class OffPolicyConfig:
-    """train.off_policy: the learner's side of a sampler that is not the learner (another
-    engine, or a policy version behind): the ratio's old log-probs and the mismatch's
-    correction and diagnostics (loop/algo/correction.py)."""
+    """train.off_policy: a sampler that is not the learner (loop/algo/correction.py)."""
 
     old_logprobs: Literal["recompute", "sampler"] = doc(
         "recompute",
         "the PPO ratio's old log-probs: recompute (a no-grad learner pass over every kept "
         "rollout, compared with the sampler's: recompute/*; [P] App. D, [C]) | sampler (the "
-        "sampler's own, no pass: AReaL's recompute_logprob false; only for generator.backend "
-        "hf in float32, which samples with the learner's weights and measured within 1e-4 of "
-        "its recompute)",
+        "sampler's own, no pass: AReaL's recompute_logprob false; only generator.backend hf in "
+        "float32, which samples with the learner's weights: within 1e-4 of the recompute)",
     )
     logprob_diff_threshold: float | None = doc(None, "abort if max |learner - sampler| exceeds it")
     correction: Literal["none", "truncate", "mask"] = doc(
         "none",
         "the sampler-mismatch correction of the decoupled loss: each token's clipped objective "
         "times w = pi_prox/mu | none (w = 1, the paper) | truncate (min(w, cap): verl's and "
-        "SkyRL's token TIS; AReaL's decoupled PPO) | mask (w outside band drops the token: "
-        "IcePop); for asynchronous or mismatched samplers",
+        "SkyRL's token TIS; AReaL's decoupled PPO) | mask (w outside band drops the token: IcePop)",
     )
     cap: float = doc(2.0, "correction truncate: the cap C on w (verl's and SkyRL's TIS: 2)")
     band: list[float] = doc_factory(
@@ -220,16 +215,14 @@ class OffPolicyConfig:
     split_mismatch: bool = doc(
         False,
         "with overlap.max_staleness >= 1: recompute a stale group's tokens under the adapter it "
-        "sampled (pi_v), so the mu-pi_prox mismatch splits into the engine's (mu vs pi_v) and "
-        "staleness (pi_v vs pi_prox): mismatch/* metrics; one forward pass over the stale "
-        "rollouts; LoRA, one learner process",
+        "sampled (pi_v), splitting the mu-pi_prox mismatch into the engine's (mu vs pi_v) and "
+        "staleness (pi_v vs pi_prox): mismatch/*; one pass; LoRA, one learner process",
     )
 
 
 @dataclass
 class KLConfig:
-    """train.kl: a KL penalty to a reference policy (GRPO's k3 in the loss, Verlog's k1 in the
-    reward); off in the paper."""
+    """train.kl: a KL penalty to a reference policy (GRPO's, Verlog's); off in the paper."""
 
     coef: float = doc(0.0, "beta of the KL to the reference (LoRA only: the adapter off)")
     into: Literal["loss", "reward"] = doc(
@@ -241,14 +234,13 @@ class KLConfig:
         "base",
         "the policy the KL is to: base (the LoRA adapter off: GRPO's and Verlog's reference) | "
         "start (the policy RL started from: the warm-start adapter or model.init_adapter, kept "
-        "as runs/<name>/kl_reference/, so RL is held near what the demonstrations taught, not "
-        "near the bare model; one learner process)",
+        "as runs/<name>/kl_reference/: held near what the demonstrations taught; one process)",
     )
 
 
 @dataclass
 class ReplayConfig:
-    """train.replay: the warm start's demonstrations replayed in every step; off in the paper."""
+    """train.replay: the warm start's demonstrations in every step; off in the paper."""
 
     coef: float = doc(
         0.0,
@@ -258,16 +250,13 @@ class ReplayConfig:
         "(Ouyang et al. 2022); needs warm_start.source gold or rollouts",
     )
     demos_per_step: int = doc(
-        2,
-        "coef > 0: demonstrations in each step's term (cycled in a seeded order; a multiple of "
-        "the learner processes)",
+        2, "coef > 0: demonstrations in each step's term (seeded cycle; a multiple of the learners)"
     )
 
 
 @dataclass
 class OverlapConfig:
-    """train.overlap: collecting the next iterations' rollouts while one learns; off in the
-    paper."""
+    """train.overlap: collecting ahead while an iteration learns; off in the paper."""
 
     max_staleness: int = doc(
         0,
@@ -280,8 +269,7 @@ class OverlapConfig:
 
 @dataclass
 class HorizonConfig:
-    """train.horizon: a turn limit that grows during training (ScalingInter-RL); off in the
-    paper."""
+    """train.horizon: a turn limit that grows (ScalingInter-RL); off in the paper."""
 
     start: int | None = doc(None, "turn limit of iteration 0 (None: agent.max_turns)")
     step: int = doc(0, "the turn limit grows by this ...")
@@ -291,8 +279,7 @@ class HorizonConfig:
 @dataclass
 class TrainConfig:
     """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults),
-    then what is not the paper's: its variants, the run's bookkeeping, and the extensions in
-    named sections (off_policy, kl, replay, overlap, horizon), each off by default."""
+    its variants, the run's bookkeeping, and the extensions in named sections."""
 
     # The paper's LOOP.
     iterations: int = doc(200, "RL iterations (each: collect, learn, sync)")
@@ -320,8 +307,7 @@ class TrainConfig:
     max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty (paper: 2)")
     max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
     rollouts_fraction: float = doc(
-        0.9,
-        "straggler cut-off: stop once this share of rollouts is done",
+        0.9, "straggler cut-off: stop once this share of rollouts is done"
     )
     min_rollouts_per_task: int = doc(4, "... and every task has at least this many")
     reward: Literal["fraction", "success", "acted"] = doc(
@@ -330,21 +316,16 @@ class TrainConfig:
         "the agent changed the state or passed another test (loop/algo/credit.py)",
     )
     ratio_level: Literal["token", "turn", "trajectory"] = doc(
-        "token",
-        "importance-weight granularity",
+        "token", "importance-weight granularity"
     )
     clip_lower: Literal["reciprocal", "symmetric"] = doc(
-        "reciprocal",
-        "[1/(1+eps), 1+eps] or 1-eps",
+        "reciprocal", "[1/(1+eps), 1+eps] or 1-eps"
     )
     micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")
     weight_decay: float = doc(0.01, "AdamW weight decay")
 
     # The advantage's and the draw's variants (off by default: the paper).
-    return_threshold: float = doc(
-        1.0,
-        "advantage filter: the return a rollout must reach (EI: 1.0)",
-    )
+    return_threshold: float = doc(1.0, "advantage filter: the return a rollout must reach (EI: 1)")
     normalize_advantage: bool = doc(False, 'loo only: divide by the group std ("LOOP RwNorm")')
     turn_coef: float = doc(1.0, "advantage turn: weight of the turn-level advantage (MT-GRPO)")
     strictly_on_policy: bool = doc(False, "one epoch, one minibatch of everything (RLOO / GRPO)")
@@ -372,8 +353,7 @@ class TrainConfig:
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
     max_infra_failure_share: float | None = doc(
-        0.5,
-        "abort if more of an iteration's rollouts fail",
+        0.5, "abort if more of an iteration's rollouts fail"
     )
     stress_test: bool = doc(True, "forward+backward of a max_seq_len rollout before iteration 0")
     eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
@@ -517,21 +497,3 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for writing the resolved config next to the results."""
         return dataclasses.asdict(self)
-
-
-def describe(cls: type = RunConfig, prefix: str = "") -> str:
-    """Every field of `cls` and its sections: `key (type, default: value)` and its doc."""
-    lines = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            lines.append(f"\n{prefix}{f.name}: {f.metadata['doc']}")
-            lines.append(describe(typing.cast(type, hint), f"{prefix}{f.name}."))
-            continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-        lines.append(
-            f"  {prefix}{f.name} ({kind}, default: {default!r})\n      {f.metadata['doc']}"
-        )
-    return "\n".join(lines)
