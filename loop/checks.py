@@ -258,9 +258,8 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
 
 def _check_correction(train: TrainConfig) -> None:
     """The decoupled loss's cap and band; the weights are per token, in the clipped loss."""
-    if (
-        not train.off_policy.cap >= 1
-    ):  # NaN too; below 1 even a matching sampler's tokens lose weight
+    # NaN too; below 1 even a matching sampler's tokens lose weight
+    if not train.off_policy.cap >= 1:
         raise ConfigError(f"train.off_policy.cap: must be >= 1, got {train.off_policy.cap}")
     band = train.off_policy.band
     if len(band) != 2 or not 0 <= band[0] <= 1 <= band[1] or band[0] == band[1]:
