@@ -142,11 +142,10 @@ def test_a_config_can_start_from_a_base(tmp_path: Path) -> None:
 
 def test_a_section_inside_a_section_from_yaml_and_overrides(tmp_path: Path) -> None:
     text = "train:\n  epochs: 1\n  kl:\n    coef: 0.04\n  off_policy:\n    band: [0.25, 4]\n"
-    config = load_config(write(tmp_path, text), ["train.kl.reference=start", "train.replay.coef=0"])
-    assert (config.train.epochs, config.train.kl.coef, config.train.kl.reference) == (
-        1, 0.04, "start",
-    )  # fmt: skip
-    assert config.train.off_policy.band == [0.25, 4.0] and config.train.kl.into == "loss"
+    train = load_config(write(tmp_path, text), ["train.kl.reference=start"]).train
+    assert (train.epochs, train.kl.coef, train.kl.into) == (1, 0.04, "loss")
+    assert train.kl.reference == "start"
+    assert train.off_policy.band == [0.25, 4.0] and train.off_policy.correction == "none"
     assert load_config(None, ["train.overlap.max_staleness=2"]).train.overlap.max_staleness == 2
     with pytest.raises(ConfigError, match=r"^unknown config key train\.kl\.beta \(known: coef"):
         load_config(None, ["train.kl.beta=0.1"])
