@@ -43,7 +43,7 @@ BACKENDS = {
     "hf": ["generator.backend=hf"],
     "vllm_server": [
         "generator.backend=vllm_server", "generator.max_model_len=2048",
-        "generator.gpu_memory_utilization=0.1", "train.old_logprobs=recompute",
+        "generator.gpu_memory_utilization=0.1", "train.off_policy.old_logprobs=recompute",
     ],
 }  # fmt: skip
 

@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct + LoRA r16 (B factors random), float32, the quickstart's l
 24 rollouts of 6 tasks (the real first prompts of six easy tasks, no worked example, as the
 quickstart prompts), each followed by 3 turns of 100 sampled ids and 60 ids of glue and
 observation (random ids: the cost does not depend on them); the step's minibatch is 4 of them
-plus 2 demonstrations of the same shape (`train.demo_coef`). Times, alternating the two ways,
+plus 2 demonstrations of the same shape (`train.replay.coef`). Times, alternating the two ways,
 medians of `--repeats`: the recompute of the 24 rollouts' old log-probs (no grad) and one
 optimizer step (forward and backward of the 6 sequences). Also the largest gap between the two
 ways' old log-probs. `train.shared_prefix_min` 0 is the whole-sequence way.

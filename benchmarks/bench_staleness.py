@@ -1,4 +1,4 @@
-"""Collecting ahead, measured: `train.max_staleness` 0 against 1, back to back in one run.
+"""Collecting ahead, measured: `train.overlap.max_staleness` 0 against 1, back to back in one run.
 
 Run: python benchmarks/bench_staleness.py [--iterations 2] [--eval-limit 12] [--out DIR]
      (about an hour on 2 cores with the defaults, 80 minutes with `--eval-limit 0`, all 36
@@ -7,8 +7,8 @@ Run: python benchmarks/bench_staleness.py [--iterations 2] [--eval-limit 12] [--
 
 Each run is `train.py --config configs/quickstart-servers.yaml` (one vLLM CPU server the trainer
 starts, bound to core 0; one learner process with one torch thread), the same cached warm start,
-the same seed and tasks, the decoupled correction on (`train.is_correction=truncate`), the
-mismatch split at the weights each group sampled (`train.split_mismatch`), and a greedy
+the same seed and tasks, the decoupled correction on (`train.off_policy.correction=truncate`), the
+mismatch split at the weights each group sampled (`train.off_policy.split_mismatch`), and a greedy
 evaluation of the first `--eval-limit` held-out tasks (0: all of them) before iteration 0 and
 after the last. Printed at the end, from the runs' own metrics.jsonl and evaluation folders:
 per iteration the rollout, learner-wait, learn, split and publish seconds, the iteration's wall
@@ -51,8 +51,8 @@ def run(out: Path, staleness: int, iterations: int, eval_limit: int) -> tuple[fl
     """One training run; returns its wall time (the server's start included) and exit code."""
     command = [
         sys.executable, "train.py", "--config", "configs/quickstart-servers.yaml",
-        f"output_dir={out}", f"name=s{staleness}", f"train.max_staleness={staleness}",
-        "train.is_correction=truncate", "train.split_mismatch=true",
+        f"output_dir={out}", f"name=s{staleness}", f"train.overlap.max_staleness={staleness}",
+        "train.off_policy.correction=truncate", "train.off_policy.split_mismatch=true",
         f"train.iterations={iterations}",
         f"train.eval_every={iterations}", f"eval.limit={eval_limit or 'null'}",
         "generator.devices=[0]", "model.torch_threads=1", "train.tensorboard=false",

@@ -95,7 +95,8 @@ def run_quickstart(row: str, seed: int, iterations: int | None, out: Path) -> li
     command = [
         sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/quickstart.yaml"),
         f"output_dir={out}", f"name={name}", f"seed={seed}", "train.eval_every=0",
-        "train.old_logprobs=recompute",  # every row the paper's way (a critic needs the pass)
+        # every row the paper's way (a critic needs the pass)
+        "train.off_policy.old_logprobs=recompute",
         *row_overrides(row), *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)

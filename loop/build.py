@@ -260,7 +260,7 @@ def _vllm_server_generator(
     return VLLMServerGenerator(
         base_model=base_model, adapter_prefix=config.name, processes=processes,
         urls=settings.servers, start_timeout_s=settings.server_start_timeout_s,
-        keep_versions=config.train.max_staleness + 1,
+        keep_versions=config.train.overlap.max_staleness + 1,
     )  # fmt: skip
 
 
@@ -298,7 +298,8 @@ BUILDERS: dict[str, _Builder] = {
 def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -> list[str]:
     """The started servers' arguments: the model and its length, token-exact log-probs of the
     sampling distribution, prefix caching, LoRA slots for the current and the previous version
-    (and the S before it that groups collected ahead may still sample, `train.max_staleness`)."""
+    (and the S before it that groups collected ahead may still sample,
+    `train.overlap.max_staleness`)."""
     from loop.generators.vllm.inprocess import stale_gguf_override, whole_prompts
 
     settings = config.generator
@@ -321,7 +322,8 @@ def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -
         rank = next(
             r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= config.model.lora_rank
         )
-        slots = max(2, config.train.max_staleness + 1)  # the versions groups may still sample
+        # the versions groups may still sample
+        slots = max(2, config.train.overlap.max_staleness + 1)
         args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(slots)]
     if overrides := stale_gguf_override(model).get("hf_overrides"):
         args += ["--hf-overrides", json.dumps(overrides)]

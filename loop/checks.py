@@ -33,7 +33,7 @@ class Backend:
     # Runs beside several learner processes (its own engine, not the learner's model)
     several_learners: bool = False
     # Keeps several published adapter versions and samples the one a request names: what
-    # collecting ahead (`train.max_staleness`) and `train.split_mismatch` need
+    # collecting ahead (`train.overlap.max_staleness`) and `train.off_policy.split_mismatch` need
     keeps_versions: bool = False
     # Runs as servers: `generator.num_servers` started (an engine each) or `servers` attached
     runs_servers: bool = False
@@ -143,25 +143,25 @@ def check_run(config: RunConfig, world_size: int) -> None:
     if not can.several_learners and world_size > 1:
         fit = having(lambda b: b.several_learners)
         raise ConfigError(f"several learner processes need generator.backend {fit}, not {name}")
-    if config.train.max_staleness and not can.keeps_versions:
+    if config.train.overlap.max_staleness and not can.keeps_versions:
         raise ConfigError(
-            f"train.max_staleness {config.train.max_staleness} collects while the learner "
-            f"trains, which generator.backend {name} cannot (it keeps one version of the "
-            f"weights): use generator.backend: {having(lambda b: b.keeps_versions)}"
+            f"train.overlap.max_staleness {config.train.overlap.max_staleness} collects while "
+            f"the learner trains, which generator.backend {name} cannot (it keeps one version "
+            f"of the weights): use generator.backend: {having(lambda b: b.keeps_versions)}"
         )
-    if config.train.split_mismatch and (
+    if config.train.off_policy.split_mismatch and (
         not can.keeps_versions or not config.model.lora_rank or world_size > 1
     ):
         fit = having(lambda b: b.keeps_versions)
         raise ConfigError(
-            "train.split_mismatch loads the LoRA adapter a group sampled into the learner: it "
-            f"needs generator.backend {fit} (published adapters), model.lora_rank "
+            "train.off_policy.split_mismatch loads the LoRA adapter a group sampled into the "
+            f"learner: it needs generator.backend {fit} (published adapters), model.lora_rank "
             f"> 0 and one learner process, got {name}, lora_rank {config.model.lora_rank}, "
             f"{world_size} processes"
         )
-    if config.train.kl_coef > 0 and config.train.kl_reference == "start" and world_size > 1:
+    if config.train.kl.coef > 0 and config.train.kl.reference == "start" and world_size > 1:
         raise ConfigError(
-            "train.kl_reference start loads the starting adapter into the learner for the "
+            "train.kl.reference start loads the starting adapter into the learner for the "
             f"reference pass, which needs one learner process, got {world_size}"
         )
     _check_demo_replay(config, world_size)
@@ -276,7 +276,7 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
         "train.max_seq_len": train.max_seq_len,
         "train.logprob_chunk_size": train.logprob_chunk_size,
         "train.clip_eps": train.clip_eps,
-        "train.horizon_every": train.horizon_every,
+        "train.horizon.every": train.horizon.every,
         "train.checkpoint_every": train.checkpoint_every,
         "train.keep_checkpoints": train.keep_checkpoints,
     }
@@ -296,16 +296,18 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
         raise ConfigError(f"train.rollouts_per_task: advantage {train.advantage} needs K >= 2")
     if train.micro_batch_size > train.minibatch_size:
         raise ConfigError("train.micro_batch_size must not exceed train.minibatch_size")
-    if train.adv_threshold < 0 or train.eval_every < 0 or train.horizon_step < 0:
-        raise ConfigError("train.adv_threshold, eval_every and horizon_step must be >= 0")
-    if train.max_staleness < 0:
-        raise ConfigError(f"train.max_staleness: must be >= 0, got {train.max_staleness}")
+    if train.adv_threshold < 0 or train.eval_every < 0 or train.horizon.step < 0:
+        raise ConfigError("train.adv_threshold, eval_every and horizon.step must be >= 0")
+    if train.overlap.max_staleness < 0:
+        raise ConfigError(
+            f"train.overlap.max_staleness: must be >= 0, got {train.overlap.max_staleness}"
+        )
     if train.shared_prefix_min < 0:
         raise ConfigError(f"train.shared_prefix_min: must be >= 0, got {train.shared_prefix_min}")
     if train.strictly_on_policy and train.epochs != 1:
         raise ConfigError("train.strictly_on_policy needs train.epochs=1 (one on-policy pass)")
-    if train.horizon_start is not None and train.horizon_start < 1:
-        raise ConfigError(f"train.horizon_start: must be >= 1, got {train.horizon_start}")
+    if train.horizon.start is not None and train.horizon.start < 1:
+        raise ConfigError(f"train.horizon.start: must be >= 1, got {train.horizon.start}")
     if not 0 < train.no_signal_draw_prob <= 1:
         raise ConfigError(
             f"train.no_signal_draw_prob: must be in (0, 1], got {train.no_signal_draw_prob}"
@@ -320,54 +322,59 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
 
 def _check_correction(train: TrainConfig) -> None:
     """The decoupled loss's cap and band; the weights are per token, in the clipped loss."""
-    if not train.is_cap >= 1:  # NaN too; below 1 even a matching sampler's tokens lose weight
-        raise ConfigError(f"train.is_cap: must be >= 1, got {train.is_cap}")
-    band = train.is_band
+    # NaN too; below 1 even a matching sampler's tokens lose weight
+    if not train.off_policy.cap >= 1:
+        raise ConfigError(f"train.off_policy.cap: must be >= 1, got {train.off_policy.cap}")
+    band = train.off_policy.band
     if len(band) != 2 or not 0 <= band[0] <= 1 <= band[1] or band[0] == band[1]:
-        raise ConfigError(f"train.is_band: [low, high] with 0 <= low <= 1 <= high, got {band}")
-    if train.is_correction != "none" and (train.loss, train.ratio_level) != ("ppo", "token"):
         raise ConfigError(
-            f"train.is_correction {train.is_correction} weighs tokens of the clipped loss: it "
+            f"train.off_policy.band: [low, high] with 0 <= low <= 1 <= high, got {band}"
+        )
+    correction = train.off_policy.correction
+    if correction != "none" and (train.loss, train.ratio_level) != ("ppo", "token"):
+        raise ConfigError(
+            f"train.off_policy.correction {correction} weighs tokens of the clipped loss: it "
             f"needs train.loss ppo and ratio_level token, got {train.loss}, {train.ratio_level}"
         )
 
 
 def _check_old_logprobs(config: RunConfig) -> None:
-    """train.old_logprobs sampler: only where the sampler's log-probs are the learner's."""
+    """train.off_policy.old_logprobs sampler: only where the sampler's log-probs are the
+    learner's."""
     train = config.train
-    if train.old_logprobs != "sampler":
+    if train.off_policy.old_logprobs != "sampler":
         return
     if not backend(config).shares_weights or config.model.dtype != "float32":
         fit = having(lambda b: b.shares_weights)
         raise ConfigError(
-            "train.old_logprobs sampler takes the sampler's log-probs as the learner's: it "
-            f"needs generator.backend {fit} and model.dtype float32 (the learner's "
+            "train.off_policy.old_logprobs sampler takes the sampler's log-probs as the "
+            f"learner's: it needs generator.backend {fit} and model.dtype float32 (the learner's "
             f"own weights and numbers), got {config.generator.backend}, {config.model.dtype}"
         )
-    if train.advantage in CRITIC_ADVANTAGES or train.kl_coef > 0:
+    if train.advantage in CRITIC_ADVANTAGES or train.kl.coef > 0:
         raise ConfigError(
-            "train.old_logprobs sampler skips the recompute pass, which also records the "
-            f"critic's old values and the KL reference: it needs no critic (advantage "
-            f"{train.advantage}) and kl_coef 0 (got {train.kl_coef})"
+            "train.off_policy.old_logprobs sampler skips the recompute pass, which also records "
+            f"the critic's old values and the KL reference: it needs no critic (advantage "
+            f"{train.advantage}) and kl.coef 0 (got {train.kl.coef})"
         )
 
 
 def _check_demo_replay(config: RunConfig, world_size: int) -> None:
-    """train.demo_coef: the demonstrations must exist, and shard evenly over the learners."""
+    """train.replay.coef: the demonstrations must exist, and shard evenly over the learners."""
     cfg = config.train
-    if not cfg.demo_coef >= 0:
-        raise ConfigError(f"train.demo_coef: must be >= 0, got {cfg.demo_coef}")
-    if not cfg.demo_coef:
+    if not cfg.replay.coef >= 0:
+        raise ConfigError(f"train.replay.coef: must be >= 0, got {cfg.replay.coef}")
+    if not cfg.replay.coef:
         return
     if config.warm_start.source not in ("gold", "rollouts"):
         raise ConfigError(
-            "train.demo_coef replays the warm start's demonstrations: it needs "
+            "train.replay.coef replays the warm start's demonstrations: it needs "
             f"warm_start.source gold or rollouts, got {config.warm_start.source}"
         )
-    if cfg.demos_per_step < 1 or cfg.demos_per_step % world_size:
+    if cfg.replay.demos_per_step < 1 or cfg.replay.demos_per_step % world_size:
         raise ConfigError(
-            f"train.demos_per_step: must be a positive multiple of the {world_size} learner "
-            f"processes, got {cfg.demos_per_step}"
+            f"train.replay.demos_per_step: must be a positive multiple of the {world_size} learner "
+            f"processes, got {cfg.replay.demos_per_step}"
         )
 
 
@@ -394,17 +401,17 @@ def _check_warm_start(config: RunConfig) -> None:
 
 def _check_critic_and_kl(config: RunConfig) -> None:
     critic, train = config.critic, config.train
-    if train.kl_coef < 0:
-        raise ConfigError(f"train.kl_coef: must be >= 0, got {train.kl_coef}")
-    if train.kl_coef > 0 and config.model.lora_rank == 0:
+    if train.kl.coef < 0:
+        raise ConfigError(f"train.kl.coef: must be >= 0, got {train.kl.coef}")
+    if train.kl.coef > 0 and config.model.lora_rank == 0:
         raise ConfigError(
-            "train.kl_coef needs a LoRA policy (model.lora_rank > 0): the reference is the base "
+            "train.kl.coef needs a LoRA policy (model.lora_rank > 0): the reference is the base "
             "model with the adapter disabled; full fine-tuning keeps no reference copy"
         )
-    if train.kl_in == "reward" and train.advantage not in CRITIC_ADVANTAGES:
+    if train.kl.into == "reward" and train.advantage not in CRITIC_ADVANTAGES:
         raise ConfigError(
-            f"train.kl_in reward needs per-token rewards (train.advantage gae or verlog), got "
-            f"{train.advantage}: use train.kl_in loss"
+            f"train.kl.into reward needs per-token rewards (train.advantage gae or verlog), got "
+            f"{train.advantage}: use train.kl.into loss"
         )
     if critic.whiten_advantages and train.advantage not in CRITIC_ADVANTAGES:
         raise ConfigError(

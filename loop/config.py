@@ -1,10 +1,12 @@
 """Typed run configuration: YAML file + `key=value` overrides -> `RunConfig`, or a one-line error.
 
 Every field has a type and a one-line doc (loop/config_types.py, printed by `python train.py
---help-config`); a wrong key, a wrong type or a bad value is a `ConfigError` naming the dotted
-key (`agent.max_turns: expected int, got 'ten'`), never a traceback deep in a run. Values are
-checked once, here (loop/checks.py `check_values`); what a training run needs on top is
-`check_run`. Defaults follow the paper where it has a number (loop_spec.md);
+--help-config`: `describe`); a wrong key, a wrong type or a bad value is a `ConfigError` naming
+the dotted key (`agent.max_turns: expected int, got 'ten'`), never a traceback deep in a run. A
+field whose type is a dataclass is a section, in YAML (`kl:` under `train:`) and in overrides
+(`train.kl.coef=0.01`) alike; a key that moved into a section names its new place (`MOVED`).
+Values are checked once, here (loop/checks.py `check_values`); what a training run needs on
+top is `check_run`. Defaults follow the paper where it has a number (loop_spec.md);
 `configs/quickstart.yaml` scales them down for a CPU.
 """
 
@@ -31,7 +33,6 @@ from loop.config_types import (
     SandboxConfig,
     TrainConfig,
     WarmStartConfig,
-    describe,
     one_line,
 )
 
@@ -41,6 +42,28 @@ __all__ = [
     "WarmStartConfig", "describe",
     "load_config",
 ]  # fmt: skip
+
+# Keys that moved into a named section: {section: {old key: new key}}. An old config or override
+# fails with one line naming the new key, "<section>.<old> is now <section>.<new>".
+MOVED: dict[str, dict[str, str]] = {
+    "train": {
+        "old_logprobs": "off_policy.old_logprobs",
+        "logprob_diff_threshold": "off_policy.logprob_diff_threshold",
+        "is_correction": "off_policy.correction",
+        "is_cap": "off_policy.cap",
+        "is_band": "off_policy.band",
+        "split_mismatch": "off_policy.split_mismatch",
+        "kl_coef": "kl.coef",
+        "kl_in": "kl.into",
+        "kl_reference": "kl.reference",
+        "demo_coef": "replay.coef",
+        "demos_per_step": "replay.demos_per_step",
+        "max_staleness": "overlap.max_staleness",
+        "horizon_start": "horizon.start",
+        "horizon_step": "horizon.step",
+        "horizon_every": "horizon.every",
+    },
+}
 
 
 def load_config(path: Path | str | None, overrides: list[str] = ()) -> RunConfig:  # type: ignore[assignment]
@@ -113,6 +136,10 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
+    moved = MOVED.get(prefix.rstrip("."), {})
+    for name in unknown:
+        if name in moved:
+            raise ConfigError(f"{prefix}{name} is now {prefix}{moved[name]}")
     if unknown:
         raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(fields)})")
     values = {}
@@ -147,3 +174,21 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     ):
         raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
     return value
+
+
+def describe(cls: type = RunConfig, prefix: str = "") -> str:
+    """Every field of `cls` and its sections: `key (type, default: value)` and its doc."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            lines.append(f"\n{prefix}{f.name}: {f.metadata['doc']}")
+            lines.append(describe(typing.cast(type, hint), f"{prefix}{f.name}."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        lines.append(
+            f"  {prefix}{f.name} ({kind}, default: {default!r})\n      {f.metadata['doc']}"
+        )
+    return "\n".join(lines)

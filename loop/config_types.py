@@ -1,15 +1,14 @@
 """The run configuration's types: one dataclass per section, every field with its one-line doc.
 
 The doc is the field's metadata (`doc(default, text)`), so `python train.py --help-config`
-prints it (`describe`) and a test checks that no field lacks one. Defaults follow the paper
-where it has a number (loop_spec.md); `configs/quickstart.yaml` scales them down for a CPU.
-Loading and validation live in loop/config.py and loop/checks.py.
+prints it and a test checks that no field lacks one. Defaults follow the paper where it has a
+number (loop_spec.md); `configs/quickstart.yaml` scales them down for a CPU. Loading, the
+`--help-config` text (`describe`) and validation live in loop/config.py and loop/checks.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,100 +190,59 @@ CRITIC_ADVANTAGES = ("gae", "verlog")  # train.advantage values that train a val
 
 
 @dataclass
-class TrainConfig:
-    """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults)."""
+class OffPolicyConfig:
+    """train.off_policy: a sampler that is not the learner (loop/algo/correction.py)."""
 
-    iterations: int = doc(200, "RL iterations (each: collect, learn, sync)")
-    split: str = doc("train", "the suite split tasks are drawn from")
-    max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty (paper: 2)")
-    tasks_per_iteration: int = doc(40, "N: tasks drawn per iteration (without replacement)")
-    rollouts_per_task: int = doc(6, "K: i.i.d. rollouts of each task")
-    max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
-    rollouts_fraction: float = doc(
-        0.9,
-        "straggler cut-off: stop once this share of rollouts is done",
+    old_logprobs: Literal["recompute", "sampler"] = doc(
+        "recompute",
+        "the PPO ratio's old log-probs: recompute (a no-grad learner pass over every kept "
+        "rollout, compared with the sampler's: recompute/*; [P] App. D, [C]) | sampler (the "
+        "sampler's own, no pass: AReaL's recompute_logprob false; only generator.backend hf in "
+        "float32, which samples with the learner's weights: within 1e-4 of the recompute)",
     )
-    min_rollouts_per_task: int = doc(4, "... and every task has at least this many")
-    reward: Literal["fraction", "success", "acted"] = doc(
-        "fraction",
-        "fraction of tests passed | all passed | acted: the collateral test counts only once "
-        "the agent changed the state or passed another test (loop/algo/credit.py)",
-    )
-    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
-        "loo",
-        "loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches "
-        "return_threshold, else 0: expert iteration, with loss cross_entropy) | gae (per-token "
-        "GAE from a value head: the paper's PPO with a learned critic) | verlog (dual-discount "
-        "GAE)",
-    )
-    return_threshold: float = doc(
-        1.0,
-        "advantage filter: the return a rollout must reach (EI: 1.0)",
-    )
-    normalize_advantage: bool = doc(False, 'loo only: divide by the group std ("LOOP RwNorm")')
-    turn_coef: float = doc(1.0, "advantage turn: weight of the turn-level advantage (MT-GRPO)")
-    adv_threshold: float = doc(0.01, "drop rollouts with |A| below this before learning")
-    loss: Literal["ppo", "reinforce", "cross_entropy"] = doc(
-        "ppo",
-        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)",
-    )
-    ratio_level: Literal["token", "turn", "trajectory"] = doc(
-        "token",
-        "importance-weight granularity",
-    )
-    clip_eps: float = doc(0.1, "PPO epsilon")
-    clip_lower: Literal["reciprocal", "symmetric"] = doc(
-        "reciprocal",
-        "[1/(1+eps), 1+eps] or 1-eps",
-    )
-    is_correction: Literal["none", "truncate", "mask"] = doc(
+    logprob_diff_threshold: float | None = doc(None, "abort if max |learner - sampler| exceeds it")
+    correction: Literal["none", "truncate", "mask"] = doc(
         "none",
-        "the sampler-mismatch correction of the decoupled loss (loop/algo/correction.py): each "
-        "token's clipped objective times w = pi_prox/mu | none (w = 1, the paper) | truncate "
-        "(min(w, is_cap): verl's and SkyRL's token TIS; AReaL's decoupled PPO) | mask (w "
-        "outside is_band drops the token: IcePop); for asynchronous or mismatched samplers",
+        "the sampler-mismatch correction of the decoupled loss: each token's clipped objective "
+        "times w = pi_prox/mu | none (w = 1, the paper) | truncate (min(w, cap): verl's and "
+        "SkyRL's token TIS; AReaL's decoupled PPO) | mask (w outside band drops the token: IcePop)",
     )
-    is_cap: float = doc(2.0, "is_correction truncate: the cap C on w (verl's and SkyRL's TIS: 2)")
-    is_band: list[float] = doc_factory(
+    cap: float = doc(2.0, "correction truncate: the cap C on w (verl's and SkyRL's TIS: 2)")
+    band: list[float] = doc_factory(
         lambda: [0.5, 2.0],
-        "is_correction mask: tokens with w outside [low, high] get no gradient (IcePop: 0.5, 2)",
-    )
-    max_staleness: int = doc(
-        0,
-        "S: collect the next iterations' rollouts while this one learns, at most S policy "
-        "versions behind (0: the synchronous loop of the paper and [C]; 1: one-step "
-        "off-policy, verl's and [C]'s async_rollouts). Older groups are dropped and counted; "
-        "needs generator.backend vllm_server; pair with is_correction truncate",
+        "correction mask: tokens with w outside [low, high] get no gradient (IcePop: 0.5, 2)",
     )
     split_mismatch: bool = doc(
         False,
-        "with max_staleness >= 1: recompute a stale group's tokens under the adapter it "
-        "sampled (pi_v), so the mu-pi_prox mismatch splits into the engine's (mu vs pi_v) and "
-        "staleness (pi_v vs pi_prox): mismatch/* metrics; one forward pass over the stale "
-        "rollouts; LoRA, one learner process",
+        "with overlap.max_staleness >= 1: recompute a stale group's tokens under the adapter it "
+        "sampled (pi_v), splitting the mu-pi_prox mismatch into the engine's (mu vs pi_v) and "
+        "staleness (pi_v vs pi_prox): mismatch/*; one pass; LoRA, one learner process",
     )
-    epochs: int = doc(2, "passes over the kept rollouts per iteration")
-    minibatch_size: int = doc(32, "rollouts per optimizer step (the loss is divided by this)")
-    micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")
-    strictly_on_policy: bool = doc(False, "one epoch, one minibatch of everything (RLOO / GRPO)")
-    lr: float = doc(5e-5, "AdamW, constant schedule stepped once per iteration")
-    weight_decay: float = doc(0.01, "AdamW weight decay")
-    max_grad_norm: float = doc(0.1, "global L2 clip (the reference code; the paper says 1.0)")
-    kl_threshold: float = doc(20.0, "|k1| above this skips the rest of the iteration")
-    kl_coef: float = doc(0.0, "beta of the KL to the reference (LoRA only: the adapter off)")
-    kl_in: Literal["loss", "reward"] = doc(
+
+
+@dataclass
+class KLConfig:
+    """train.kl: a KL penalty to a reference policy (GRPO's, Verlog's); off in the paper."""
+
+    coef: float = doc(0.0, "beta of the KL to the reference (LoRA only: the adapter off)")
+    into: Literal["loss", "reward"] = doc(
         "loss",
         "where the KL goes: loss (k3 in the loss, GRPO) | reward (k1 on each output token's "
         "reward before GAE, Verlog's code; gae and verlog only)",
     )
-    kl_reference: Literal["base", "start"] = doc(
+    reference: Literal["base", "start"] = doc(
         "base",
-        "the policy the KL (kl_coef) is to: base (the LoRA adapter off: GRPO's and Verlog's "
-        "reference) | start (the policy RL started from: the warm-start adapter or "
-        "model.init_adapter, kept as runs/<name>/kl_reference/, so RL is held near what the "
-        "demonstrations taught, not near the bare model; one learner process)",
+        "the policy the KL is to: base (the LoRA adapter off: GRPO's and Verlog's reference) | "
+        "start (the policy RL started from: the warm-start adapter or model.init_adapter, kept "
+        "as runs/<name>/kl_reference/: held near what the demonstrations taught; one process)",
     )
-    demo_coef: float = doc(
+
+
+@dataclass
+class ReplayConfig:
+    """train.replay: the warm start's demonstrations in every step; off in the paper."""
+
+    coef: float = doc(
         0.0,
         "lambda of a cross-entropy term on the warm start's demonstrations added to every "
         "step's loss, against forgetting what they taught (0: off, the paper). Replay of "
@@ -292,37 +250,85 @@ class TrainConfig:
         "(Ouyang et al. 2022); needs warm_start.source gold or rollouts",
     )
     demos_per_step: int = doc(
-        2,
-        "demo_coef > 0: demonstrations in each step's term (cycled in a seeded order; a "
-        "multiple of the learner processes)",
+        2, "coef > 0: demonstrations in each step's term (seeded cycle; a multiple of the learners)"
     )
-    shared_prefix_min: int = doc(
-        64,
-        "the tokens every rollout of a step starts with (the system prompt) run through the "
-        "model once for the step, when at least this many (0: every sequence whole); the same "
-        "gradients, fewer tokens. Not with gradient checkpointing, several learner processes "
-        "or a critic (loop/learner/prefix.py)",
+
+
+@dataclass
+class OverlapConfig:
+    """train.overlap: collecting ahead while an iteration learns; off in the paper."""
+
+    max_staleness: int = doc(
+        0,
+        "S: collect the next iterations' rollouts while this one learns, at most S policy "
+        "versions behind (0: the synchronous loop of the paper and [C]; 1: one-step "
+        "off-policy, verl's and [C]'s async_rollouts). Older groups are dropped and counted; "
+        "needs generator.backend vllm_server; pair with off_policy.correction truncate",
     )
-    max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
-    max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
-    logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
-    logprob_diff_threshold: float | None = doc(None, "abort if max |learner - sampler| exceeds it")
-    old_logprobs: Literal["recompute", "sampler"] = doc(
-        "recompute",
-        "the PPO ratio's old log-probs: recompute (a no-grad learner pass over every kept "
-        "rollout, compared with the sampler's: recompute/*; [P] App. D, [C]) | sampler (the "
-        "sampler's own, no pass: AReaL's recompute_logprob false; only for generator.backend "
-        "hf in float32, which samples with the learner's weights and measured within 1e-4 of "
-        "its recompute)",
+
+
+@dataclass
+class HorizonConfig:
+    """train.horizon: a turn limit that grows (ScalingInter-RL); off in the paper."""
+
+    start: int | None = doc(None, "turn limit of iteration 0 (None: agent.max_turns)")
+    step: int = doc(0, "the turn limit grows by this ...")
+    every: int = doc(1, "... every this many iterations, up to agent.max_turns")
+
+
+@dataclass
+class TrainConfig:
+    """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults),
+    its variants, the run's bookkeeping, and the extensions in named sections."""
+
+    # The paper's LOOP.
+    iterations: int = doc(200, "RL iterations (each: collect, learn, sync)")
+    tasks_per_iteration: int = doc(40, "N: tasks drawn per iteration (without replacement)")
+    rollouts_per_task: int = doc(6, "K: i.i.d. rollouts of each task")
+    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
+        "loo",
+        "loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches "
+        "return_threshold, else 0: expert iteration, with loss cross_entropy) | gae (per-token "
+        "GAE from a value head: the paper's PPO with a learned critic) | verlog (dual-discount "
+        "GAE)",
     )
-    max_infra_failure_share: float | None = doc(
-        0.5,
-        "abort if more of an iteration's rollouts fail",
+    adv_threshold: float = doc(0.01, "drop rollouts with |A| below this before learning")
+    loss: Literal["ppo", "reinforce", "cross_entropy"] = doc(
+        "ppo",
+        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)",
     )
-    stress_test: bool = doc(True, "forward+backward of a max_seq_len rollout before iteration 0")
-    horizon_start: int | None = doc(None, "turn limit of iteration 0 (None: agent.max_turns)")
-    horizon_step: int = doc(0, "ScalingInter-RL: the turn limit grows by this ...")
-    horizon_every: int = doc(1, "... every this many iterations, up to agent.max_turns")
+    clip_eps: float = doc(0.1, "PPO epsilon")
+    epochs: int = doc(2, "passes over the kept rollouts per iteration")
+    minibatch_size: int = doc(32, "rollouts per optimizer step (the loss is divided by this)")
+    lr: float = doc(5e-5, "AdamW, constant schedule stepped once per iteration")
+    max_grad_norm: float = doc(0.1, "global L2 clip (the reference code; the paper says 1.0)")
+    kl_threshold: float = doc(20.0, "|k1| above this skips the rest of the iteration")
+    split: str = doc("train", "the suite split tasks are drawn from")
+    max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty (paper: 2)")
+    max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
+    rollouts_fraction: float = doc(
+        0.9, "straggler cut-off: stop once this share of rollouts is done"
+    )
+    min_rollouts_per_task: int = doc(4, "... and every task has at least this many")
+    reward: Literal["fraction", "success", "acted"] = doc(
+        "fraction",
+        "fraction of tests passed | all passed | acted: the collateral test counts only once "
+        "the agent changed the state or passed another test (loop/algo/credit.py)",
+    )
+    ratio_level: Literal["token", "turn", "trajectory"] = doc(
+        "token", "importance-weight granularity"
+    )
+    clip_lower: Literal["reciprocal", "symmetric"] = doc(
+        "reciprocal", "[1/(1+eps), 1+eps] or 1-eps"
+    )
+    micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")
+    weight_decay: float = doc(0.01, "AdamW weight decay")
+
+    # The advantage's and the draw's variants (off by default: the paper).
+    return_threshold: float = doc(1.0, "advantage filter: the return a rollout must reach (EI: 1)")
+    normalize_advantage: bool = doc(False, 'loo only: divide by the group std ("LOOP RwNorm")')
+    turn_coef: float = doc(1.0, "advantage turn: weight of the turn-level advantage (MT-GRPO)")
+    strictly_on_policy: bool = doc(False, "one epoch, one minibatch of everything (RLOO / GRPO)")
     no_signal_draw_prob: float = doc(
         1.0,
         "A task whose last group carried no signal (every rollout the same reward: all solved "
@@ -334,6 +340,22 @@ class TrainConfig:
         "scenario: each iteration's tasks spread evenly over the scenarios (None: the paper's "
         "uniform draws)",
     )
+
+    # The run: memory, guards, checkpoints, logs.
+    shared_prefix_min: int = doc(
+        64,
+        "the tokens every rollout of a step starts with (the system prompt) run through the "
+        "model once for the step, when at least this many (0: every sequence whole); the same "
+        "gradients, fewer tokens. Not with gradient checkpointing, several learner processes "
+        "or a critic (loop/learner/prefix.py)",
+    )
+    max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
+    max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
+    logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
+    max_infra_failure_share: float | None = doc(
+        0.5, "abort if more of an iteration's rollouts fail"
+    )
+    stress_test: bool = doc(True, "forward+backward of a max_seq_len rollout before iteration 0")
     eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
     checkpoint_every: int = doc(1, "save every n iterations (and after the last)")
     keep_checkpoints: int = doc(3, "keep the last n checkpoints")
@@ -353,6 +375,15 @@ class TrainConfig:
         "collect an iteration's rollouts (a separate gloo group, so this long wait does not "
         "loosen collective_timeout_s)",
     )
+
+    # The extensions, each off by default (the paper).
+    off_policy: OffPolicyConfig = doc_factory(
+        OffPolicyConfig, "the ratio's old log-probs and the sampler-mismatch correction"
+    )
+    kl: KLConfig = doc_factory(KLConfig, "a KL penalty to a reference policy")
+    replay: ReplayConfig = doc_factory(ReplayConfig, "the warm start's demonstrations replayed")
+    overlap: OverlapConfig = doc_factory(OverlapConfig, "collecting ahead while learning")
+    horizon: HorizonConfig = doc_factory(HorizonConfig, "a turn limit that grows (ScalingInter-RL)")
 
 
 @dataclass
@@ -472,21 +503,3 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for writing the resolved config next to the results."""
         return dataclasses.asdict(self)
-
-
-def describe(cls: type = RunConfig, prefix: str = "") -> str:
-    """Every field of `cls` and its sections: `key (type, default: value)` and its doc."""
-    lines = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            lines.append(f"\n{prefix}{f.name}: {f.metadata['doc']}")
-            lines.append(describe(typing.cast(type, hint), f"{prefix}{f.name}."))
-            continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-        lines.append(
-            f"  {prefix}{f.name} ({kind}, default: {default!r})\n      {f.metadata['doc']}"
-        )
-    return "\n".join(lines)

@@ -12,9 +12,9 @@ its reference code (apple/ml-loop, [C]):
 - Rollouts: K i.i.d. rollouts per task at temperature 1 with the current weights, token in and
   token out ([P] section 4.1, [C]); tasks drawn without replacement from a seeded sampler,
   reshuffled when exhausted ([C]; [C] leaves its sampler unseeded, we seed it to resume).
-- Overlap (our addition, off by default): with `max_staleness` S >= 1 the next iterations'
-  groups are collected while this one learns, each group pinned to one published version,
-  and a group more than S versions old is dropped and counted (loop/rollout/ahead.py and
+- Overlap (our addition, off by default): with `overlap.max_staleness` S >= 1 the next
+  iterations' groups are collected while this one learns, each group pinned to one published
+  version, and a group more than S versions old is dropped and counted (loop/rollout/ahead.py and
   staleness.py). [C]'s `async_rollouts` (off by default) is one iteration stale.
 - Straggler cut-off: collection stops once `rollouts_fraction` of the rollouts are done and
   every task has `min_rollouts_per_task`; the rest are cancelled and discarded ([P] App. D, [C]).
@@ -34,12 +34,13 @@ its reference code (apple/ml-loop, [C]):
   largest |A| ([C]).
 - Old log-probs: recomputed by the learner in eval mode and used in the ratio; the sampler's
   are kept for the parity statistics `recompute/*` ([P] App. D, [C]) and the `is/*` weights.
-  `old_logprobs: sampler` (our option, AReaL's `recompute_logprob: false`) takes the sampler's
-  instead, for the `hf` engine in float32 only, whose log-probs are the learner's weights'
-  (within 1e-4 of the recompute, measured): no pass over every rollout.
-  `is_correction: truncate | mask` (our addition, off by default) weighs each token's objective
-  by w = min(pi_old/pi_sampler, is_cap) or drops tokens with w outside `is_band` (AReaL's
-  decoupled PPO, verl's token TIS, IcePop), for samplers that drift from the learner.
+  `off_policy.old_logprobs: sampler` (our option, AReaL's `recompute_logprob: false`) takes the
+  sampler's instead, for the `hf` engine in float32 only, whose log-probs are the learner's
+  weights' (within 1e-4 of the recompute, measured): no pass over every rollout.
+  `off_policy.correction: truncate | mask` (our addition, off by default) weighs each token's
+  objective by w = min(pi_old/pi_sampler, off_policy.cap) or drops tokens with w outside
+  `off_policy.band` (AReaL's decoupled PPO, verl's token TIS, IcePop), for samplers that drift
+  from the learner.
 - Loss: per-token clipped surrogate, the mean over a rollout's output tokens, summed over the
   minibatch and divided by `minibatch_size` ([P] Eq. 10, [C] `pg_per_token`). Clip band
   [1/(1+eps), 1+eps] with eps 0.1 as in [C]; `clip_lower: symmetric` gives [P]'s [1-eps, 1+eps].
@@ -58,8 +59,8 @@ its reference code (apple/ml-loop, [C]):
   whose clip sees sqrt(N) x the true norm: `max_grad_norm` 0.1 x sqrt(N) clips like [C]
   (configs/qwen2.5-32b-8gpu.yaml: 0.2 with 4 learners).
 - KL: no reference model and no KL penalty; k1 and k3 are logged as diagnostics ([P], [C]);
-  `kl_coef` adds GRPO's k3 penalty to the base model (the LoRA adapter disabled), in the loss,
-  or with `kl_in: reward` Verlog's k1 on each output token's reward before GAE ([V]).
+  `kl.coef` adds GRPO's k3 penalty to the base model (the LoRA adapter disabled), in the loss,
+  or with `kl.into: reward` Verlog's k1 on each output token's reward before GAE ([V]).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
   generator samples with the training model itself; `vllm` gets the new adapter after every
@@ -173,7 +174,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     if start == 0:
         metrics, demos = await prepare_policy(config, parts, run, show_progress)
     keep_start(learner, parts, run, cfg)
-    if cfg.demo_coef > 0:  # the demonstrations every step replays (played again on a resume)
+    if cfg.replay.coef > 0:  # the demonstrations every step replays (played again on a resume)
         demos = demos or await demonstrations(config, parts, show_progress)
         learner.replay([demo_sample(d, cfg.max_seq_len) for d in demos], seed=config.seed)
     for iteration in range(start, cfg.iterations):
@@ -193,7 +194,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         metrics |= work_since(parts, work, "gen/")  # the hf engine's decode and prefill time
         # 3. Groups older than S versions are dropped (counted); advantages over each task's
         #    group; drop rollouts with |A| below the threshold.
-        assembly = assemble(collection.groups, iteration, cfg.max_staleness)
+        assembly = assemble(collection.groups, iteration, cfg.overlap.max_staleness)
         groups, discarded = assembly.groups, collection.discarded
         metrics |= staleness_metrics(assembly, ahead.recollected if iteration == start else 0)
         credit = assign_credit(
@@ -206,19 +207,19 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
             raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
-        # 3b. Overlap (max_staleness S >= 1): draw and dispatch the next iterations' groups
+        # 3b. Overlap (overlap.max_staleness S >= 1): draw and dispatch the next iterations' groups
         #     now, so the servers sample them while steps 4-5 run in a worker thread.
         ahead.dispatch_ahead(iteration, draw)
         t_learn = time.monotonic()
         parts.generator.release_memory()  # the sampler's caches, for the learner's memory
         # 4. Recompute the old log-probs with the learner; compare with the sampler's (or,
         #    old_logprobs: sampler, take the sampler's: the hf engine runs the same weights).
-        if cfg.old_logprobs == "sampler":
+        if cfg.off_policy.old_logprobs == "sampler":
             metrics |= take_sampler_logprobs(samples)
         else:
             metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
             check_parity(metrics, cfg)
-        if cfg.split_mismatch:  # the mismatch's engine and staleness parts, at pi_v
+        if cfg.off_policy.split_mismatch:  # the mismatch's engine and staleness parts, at pi_v
             t_split = time.monotonic()
             metrics |= await ahead.off_loop(
                 mismatch_parts, learner, run, samples, groups, iteration
@@ -235,7 +236,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 6. Push the new weights to the generator (a LoRA adapter for vLLM; nothing for hf);
         #    groups dispatched from now on sample them.
         t_sync = time.monotonic()
-        sync_weights(parts, run, iteration, keep=PUBLISHED_KEPT + cfg.max_staleness)
+        sync_weights(parts, run, iteration, keep=PUBLISHED_KEPT + cfg.overlap.max_staleness)
         ahead.published = iteration + 1
         metrics["time/sync_s"] = time.monotonic() - t_sync
         # 7. Log, save the rollouts, checkpoint.
@@ -302,22 +303,22 @@ def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
 
 def build_learner(config: RunConfig, policy: Policy, run: RunDir | None = None) -> Learner:
     """The learner with the run's optimisation settings (`run`: where the KL's starting
-    reference is kept, with `train.kl_reference: start`)."""
+    reference is kept, with `train.kl.reference: start`)."""
     settings = LearnerSettings.for_rl(config)
-    if config.train.kl_coef > 0 and config.train.kl_reference == "start":
+    if config.train.kl.coef > 0 and config.train.kl.reference == "start":
         if run is None:
-            raise ValueError("train.kl_reference start needs the run directory")
+            raise ValueError("train.kl.reference start needs the run directory")
         settings = dataclasses.replace(settings, reference_adapter=run.kl_reference)
     return Learner(policy, settings, critic=build_critic(config, policy))
 
 
 def keep_start(learner: Learner, parts: TrainParts, run: RunDir, cfg: TrainConfig) -> None:
     """Save the policy RL starts from where later steps read it, once: the KL's reference
-    (`train.kl_reference: start`) and version 0's adapter, pi_v of the groups that sampled it
-    (`train.split_mismatch`; a warm start serves its own copy). A resumed run keeps what its
-    first launch saved."""
+    (`train.kl.reference: start`) and version 0's adapter, pi_v of the groups that sampled it
+    (`train.off_policy.split_mismatch`; a warm start serves its own copy). A resumed run keeps
+    what its first launch saved."""
     targets = [learner.settings.reference_adapter]
-    targets += [run.adapter_sync(0)] if cfg.split_mismatch else []
+    targets += [run.adapter_sync(0)] if cfg.off_policy.split_mismatch else []
     for target in targets:
         if target is None or target.is_dir():
             continue
@@ -328,10 +329,10 @@ def keep_start(learner: Learner, parts: TrainParts, run: RunDir, cfg: TrainConfi
 
 
 def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
-    """The turn limit of `iteration`: horizon_start + step * (iteration // every), capped."""
-    if cfg.horizon_start is None:
+    """The turn limit of `iteration`: horizon.start + step * (iteration // every), capped."""
+    if cfg.horizon.start is None:
         return max_turns
-    return min(max_turns, cfg.horizon_start + cfg.horizon_step * (iteration // cfg.horizon_every))
+    return min(max_turns, cfg.horizon.start + cfg.horizon.step * (iteration // cfg.horizon.every))
 
 
 def resume(
@@ -365,17 +366,20 @@ def collect_ahead(
     cfg = config.train
 
     def pin() -> VersionPin:
-        return VersionPin(ahead.published, parts.generator.version if cfg.max_staleness else None)
+        pinned = parts.generator.version if cfg.overlap.max_staleness else None
+        return VersionPin(ahead.published, pinned)
 
     async def collect(iteration: int, tasks: list[Task]) -> tuple[list[list[Trajectory]], int]:
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit then
         return await roll_out(config, parts, tasks, iteration, max_turns, show_progress, pin)
 
-    if cfg.max_staleness and parts.generator.shares_weights:  # train.py's check says so first
-        raise ConfigError("train.max_staleness: use generator.backend: vllm_server")
+    # train.py's check says so first
+    if cfg.overlap.max_staleness and parts.generator.shares_weights:
+        raise ConfigError("train.overlap.max_staleness: use generator.backend: vllm_server")
     ahead = AheadCollector(
-        collect, max_staleness=cfg.max_staleness, tasks_per_iteration=cfg.tasks_per_iteration,
-        iterations=cfg.iterations, published=start, saved=saved,
+        collect, max_staleness=cfg.overlap.max_staleness,
+        tasks_per_iteration=cfg.tasks_per_iteration, iterations=cfg.iterations,
+        published=start, saved=saved,
     )  # fmt: skip
     return ahead
 
@@ -483,10 +487,11 @@ def select_samples(
 def check_parity(metrics: dict[str, float], cfg: TrainConfig) -> None:
     """Stop when the learner and the sampler disagree beyond the configured threshold."""
     worst = metrics.get("recompute/abs_logprob_diff_max", 0.0)
-    if cfg.logprob_diff_threshold is not None and worst > cfg.logprob_diff_threshold:
+    threshold = cfg.off_policy.logprob_diff_threshold
+    if threshold is not None and worst > threshold:
         raise RuntimeError(
             f"learner and sampler log-probs differ by up to {worst:.4f} > "
-            f"train.logprob_diff_threshold={cfg.logprob_diff_threshold}: the sampler does not "
+            f"train.off_policy.logprob_diff_threshold={threshold}: the sampler does not "
             "sample from the model being trained (dtype, adapter sync or sampling settings)"
         )
 
@@ -595,7 +600,7 @@ def record_iteration(
         flat = [traj for group in groups for traj in group]
         recomputed = (  # none recomputed when the sampler's are the old log-probs
             learner_logprobs(samples, [len(traj.tokens) for traj in flat])
-            if config.train.old_logprobs == "recompute"
+            if config.train.off_policy.old_logprobs == "recompute"
             else {}
         )
         write_rollouts(

@@ -72,7 +72,7 @@ async def warm_start(
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Fine-tune `parts.policy` as configured, or load the cached result: `warm_start/*`
     metrics, and the demonstrations played on the way (their ids are the cache key; none when
-    an `rft` warm start came from the cache), which `train.demo_coef` then replays."""
+    an `rft` warm start came from the cache), which `train.replay.coef` then replays."""
     started = time.monotonic()
     warm = config.warm_start
     out = RunDir(config.run_dir).warm_start

@@ -31,11 +31,11 @@ SHORT = [
     # warm start): none here, two epochs, so two minibatches of two make four steps.
     "warm_start.source=none", "train.epochs=2",
     # nothing to replay without a warm start; no evaluation pass (train.eval_every=0)
-    "train.demo_coef=0", "eval.sampled_rollouts_per_task=0",
+    "train.replay.coef=0", "eval.sampled_rollouts_per_task=0",
     "train.stress_test=true",  # the quickstart skips it; this run checks it still works
     # the learner's recompute, compared with the sampler's (the quickstart takes the hf
     # engine's own; tests/loop/test_trainer.py checks that way)
-    "train.old_logprobs=recompute",
+    "train.off_policy.old_logprobs=recompute",
 ]  # fmt: skip
 
 

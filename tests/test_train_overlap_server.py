@@ -1,11 +1,11 @@
-"""train.py collecting ahead (`train.max_staleness: 1`) with one real vLLM CPU server.
+"""train.py collecting ahead (`train.overlap.max_staleness: 1`) with one real vLLM CPU server.
 
 configs/quickstart-servers.yaml shortened to two iterations of 2 tasks x 2 rollouts, no warm
 start: iteration 0 is collected as usual; iteration 1's groups are dispatched while iteration 0
 learns, so they sample the version published before (the base weights), every turn of every
 rollout of a group names that one version, and the learner weighs their tokens by the
-truncated importance weight (`is_correction: truncate`), and the mismatch is split at the
-version each group sampled (`split_mismatch`). The server is stopped with the run.
+truncated importance weight (`off_policy.correction: truncate`), and the mismatch is split at the
+version each group sampled (`off_policy.split_mismatch`). The server is stopped with the run.
 
 Run: python -m pytest tests/test_train_overlap_server.py -q -s   (`slow`: about 6 min on 2 cores)
 """
@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 SERVERS = ROOT / "configs" / "quickstart-servers.yaml"
 ARGS = [
     *(a for a in SHORT if not a.startswith("train.iterations=")), "train.iterations=2",
-    "train.max_staleness=1", "train.is_correction=truncate", "train.split_mismatch=true",
+    "train.overlap.max_staleness=1", "train.off_policy.correction=truncate",
+    "train.off_policy.split_mismatch=true",
     "warm_start.source=none",
     "train.stress_test=false", "train.tensorboard=false", "agent.max_new_tokens=48",
 ]  # fmt: skip

@@ -35,7 +35,7 @@ ARGS = [
     "train.tasks_per_iteration=1", "train.epochs=1", "train.stress_test=false",
 ]  # fmt: skip
 BACKENDS = {
-    "vllm": (QUICKSTART, ["generator.backend=vllm", "train.old_logprobs=recompute"]),
+    "vllm": (QUICKSTART, ["generator.backend=vllm", "train.off_policy.old_logprobs=recompute"]),
     # the server config as it is, shortened: a warm start on 2 dev tasks' gold episodes (not
     # cached: the test's own; their longest turn needs 400 tokens), and a greedy
     # evaluation of 1 held-out task before iteration 0 and after the last

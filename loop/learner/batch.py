@@ -120,16 +120,16 @@ def make_samples(
 
 
 def take_sampler_logprobs(samples: Sequence[Sample]) -> dict[str, float]:
-    """Set each sample's `old_logprobs` to its sampler's (`train.old_logprobs: sampler`), 0.0
-    off the output mask, instead of the learner's recompute pass; returns the count as
-    `old_logprobs/sampler_tokens`. Every output token must have one."""
+    """Set each sample's `old_logprobs` to its sampler's (`train.off_policy.old_logprobs:
+    sampler`), 0.0 off the output mask, instead of the learner's recompute pass; returns the
+    count as `old_logprobs/sampler_tokens`. Every output token must have one."""
     tokens = 0
     for sample in samples:
         picked = sample.sampler_logprobs[sample.is_output]
         if missing := int((~torch.isfinite(picked)).sum()):
             raise ValueError(
                 f"rollout {sample.source}: {missing} output tokens without a sampler log-prob "
-                "(train.old_logprobs sampler needs every one: use recompute)"
+                "(train.off_policy.old_logprobs sampler needs every one: use recompute)"
             )
         sample.old_logprobs = torch.where(sample.is_output, sample.sampler_logprobs, 0.0)
         tokens += len(picked)

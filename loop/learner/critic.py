@@ -240,7 +240,7 @@ def _turn_means(samples: Sequence[Sample]) -> dict[int, dict[int, float]]:
 
 def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor, Tensor | None]:
     """GAE over the output tokens of one episode's samples: (1, N) GAE, (1, N) old values and,
-    with `train.kl_in: reward`, the (1, N) KL rewards added to the outcome (else None)."""
+    with `train.kl.into: reward`, the (1, N) KL rewards added to the outcome (else None)."""
     cfg = config.critic
     values = [s.old_values for s in episode]
     assert all(v is not None for v in values), "assign_gae checked the old values"
@@ -252,10 +252,10 @@ def _episode_gae(episode: list[Sample], config: RunConfig) -> tuple[GAE, Tensor,
     if old.shape[1]:
         rewards[0, -1] = episode[-1].reward  # the outcome, on the episode's last sampled token
     penalty = None
-    if config.train.kl_in == "reward" and config.train.kl_coef > 0:
+    if config.train.kl.into == "reward" and config.train.kl.coef > 0:
         penalty = kl_reward(
             _output_tokens(episode, "old_logprobs"), _output_tokens(episode, "ref_logprobs"),
-            mask, config.train.kl_coef,
+            mask, config.train.kl.coef,
         )  # fmt: skip
         rewards = rewards + penalty
     if config.train.advantage == "gae":
@@ -273,7 +273,7 @@ def _output_tokens(episode: list[Sample], field: str) -> Tensor:
     for sample in episode:
         values = getattr(sample, field)
         if values is None:
-            raise ValueError(f"train.kl_in reward needs {field}: run the learner's recompute")
+            raise ValueError(f"train.kl.into reward needs {field}: run the learner's recompute")
         parts.append(values[sample.is_output])
     return torch.cat(parts).double()[None]
 

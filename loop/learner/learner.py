@@ -28,7 +28,7 @@ the old values, and each step adds `coef * clipped value loss` and steps the hea
 optimizer; during the critic warm-up the actor is frozen (no policy loss, no policy step). With
 `kl_coef` > 0 (GRPO's KL to the reference, LoRA only) the recompute pass also records the
 reference log-probs, from the same model with the LoRA adapter disabled (peft's
-`disable_adapter()`: no second copy), or, with `reference_adapter` (`train.kl_reference:
+`disable_adapter()`: no second copy), or, with `reference_adapter` (`train.kl.reference:
 start`), under that saved adapter, loaded in place of the current one for one pass and swapped
 back (`logprobs_with_adapter`); the reference never changes, so once per iteration is enough,
 and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With `demo_coef` > 0

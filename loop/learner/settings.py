@@ -54,11 +54,11 @@ class LearnerSettings:
             max_grad_norm=cfg.max_grad_norm, kl_threshold=cfg.kl_threshold,
             max_nan_steps=cfg.max_nan_steps, temperature=config.agent.temperature,
             logprob_chunk_size=cfg.logprob_chunk_size,
-            kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0,
-            reference_logprobs=cfg.kl_in == "reward" and cfg.kl_coef > 0,
-            is_correction=cfg.is_correction, is_cap=cfg.is_cap,
-            is_band=(cfg.is_band[0], cfg.is_band[1]), demo_coef=cfg.demo_coef,
-            demos_per_step=cfg.demos_per_step, shared_prefix_min=cfg.shared_prefix_min,
+            kl_coef=cfg.kl.coef if cfg.kl.into == "loss" else 0.0,
+            reference_logprobs=cfg.kl.into == "reward" and cfg.kl.coef > 0,
+            is_correction=cfg.off_policy.correction, is_cap=cfg.off_policy.cap,
+            is_band=(cfg.off_policy.band[0], cfg.off_policy.band[1]), demo_coef=cfg.replay.coef,
+            demos_per_step=cfg.replay.demos_per_step, shared_prefix_min=cfg.shared_prefix_min,
         )  # fmt: skip
 
     @classmethod

@@ -1,4 +1,5 @@
-"""Rollouts collected ahead of learning (`train.max_staleness` S): the asyncio side of the overlap.
+"""Rollouts collected ahead of learning (`train.overlap.max_staleness` S): the asyncio side of
+the overlap.
 
 The trainer asks `take(k)` for iteration k's groups. With S = 0 that draws the tasks and
 collects them then and there: the synchronous loop, unchanged. With S >= 1, once iteration k

@@ -1,4 +1,5 @@
-"""The staleness bound of collecting ahead (`train.max_staleness` S): pure bookkeeping, no I/O.
+"""The staleness bound of collecting ahead (`train.overlap.max_staleness` S): pure bookkeeping,
+no I/O.
 
 With S >= 1 the trainer dispatches iteration k+1's groups (up to k+S) while iteration k learns,
 so a group may have sampled an older policy than the one that trains on it. Its lag is

@@ -12,7 +12,7 @@ its own, `<split>@T<t>`, in both:
 
 - top: the training rollouts' mean reward and success rate per iteration, the share of
   rollouts kept by the |A| filter (the ones LOOP learned from), and, in a run that collects
-  ahead (`train.max_staleness`), the share of groups sampled by an older policy version, and
+  ahead (`train.overlap.max_staleness`), the share of groups sampled by an older policy version, and
   with inference servers the share of each iteration they sat idle;
 - bottom: evaluation success per split at each evaluation, with its 95% interval.
 

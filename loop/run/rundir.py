@@ -11,7 +11,7 @@
     runs/<name>/warm_start/                  the warm start (`WarmStartDir`): adapter/, its
                                              checkpoints/iter-E/, adapter-sync/, eval/epoch-E/
     runs/<name>/learning_curve.png           the learning curve (loop/run/report.py)
-    runs/<name>/kl_reference/                the adapter RL started from (train.kl_reference start)
+    runs/<name>/kl_reference/                the adapter RL started from (train.kl.reference start)
 
 The trainer, the warm start, evaluation, checkpoints, the report, the inspector's demo run and
 its reader (loop/run/records.py) all go through these names; nothing else spells a file name
@@ -92,7 +92,7 @@ class RunDir:
 
     @property
     def kl_reference(self) -> Path:
-        """The LoRA adapter RL started from, the KL's reference with `train.kl_reference: start`."""
+        """The LoRA adapter RL started from, the KL's reference with `train.kl.reference: start`."""
         return self.path / KL_REFERENCE
 
     def rollouts(self, iteration: int) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loop.config import ConfigError, RunConfig, load_config
+from loop.config import MOVED, ConfigError, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,10 +70,14 @@ SERVERS = "generator.backend=vllm_server"
         ("", ["warm_start.source=gold", "model.lora_rank=0"], "warm_start needs a LoRA"),
         ("", ["warm_start.rft_temperatures=[]", "warm_start.source=rft"], "rft_temperatures"),
         ("", ["warm_start.epochs=0"], "warm_start.epochs: must be > 0"),
-        ("", ["train.is_correction=clip"], "expected one of none, truncate, mask"),
-        ("", ["train.is_cap=0.5"], "train.is_cap: must be >= 1, got 0.5"),
-        ("", ["train.is_band=[1.5,2]"], "train.is_band: [low, high] with 0 <= low <= 1 <= high"),
-        ("", ["train.is_band=[0.5]"], "train.is_band: [low, high]"),
+        ("", ["train.off_policy.correction=clip"], "expected one of none, truncate, mask"),
+        ("", ["train.off_policy.cap=0.5"], "train.off_policy.cap: must be >= 1, got 0.5"),
+        (
+            "",
+            ["train.off_policy.band=[1.5,2]"],
+            "train.off_policy.band: [low, high] with 0 <= low <= 1 <= high",
+        ),
+        ("", ["train.off_policy.band=[0.5]"], "train.off_policy.band: [low, high]"),
         ("", ["eval.sampled_rollouts_per_task=-1"], "eval.sampled_rollouts_per_task: must be >= 0"),
         (
             "",
@@ -82,7 +86,7 @@ SERVERS = "generator.backend=vllm_server"
         ),
         (
             "",
-            ["train.is_correction=mask", "train.ratio_level=trajectory"],
+            ["train.off_policy.correction=mask", "train.ratio_level=trajectory"],
             "needs train.loss ppo and ratio_level token, got ppo, trajectory",
         ),
         ("", [SERVERS, "generator.servers=[localhost:8000]"], "is not an http(s)://host:port/v1"),
@@ -135,6 +139,41 @@ def test_a_config_can_start_from_a_base(tmp_path: Path) -> None:
     config = load_config(child, ["train.epochs=1"])
     assert (config.name, config.agent.max_turns, config.agent.temperature) == ("ei", 7, 0.5)
     assert (config.train.lr, config.train.epochs) == (5.0e-5, 1)
+
+
+def test_a_section_inside_a_section_from_yaml_and_overrides(tmp_path: Path) -> None:
+    text = "train:\n  epochs: 1\n  kl:\n    coef: 0.04\n  off_policy:\n    band: [0.25, 4]\n"
+    train = load_config(write(tmp_path, text), ["train.kl.reference=start"]).train
+    assert (train.epochs, train.kl.coef, train.kl.into) == (1, 0.04, "loss")
+    assert train.kl.reference == "start"
+    assert train.off_policy.band == [0.25, 4.0] and train.off_policy.correction == "none"
+    assert load_config(None, ["train.overlap.max_staleness=2"]).train.overlap.max_staleness == 2
+    with pytest.raises(ConfigError, match=r"^unknown config key train\.kl\.beta \(known: coef"):
+        load_config(None, ["train.kl.beta=0.1"])
+    with pytest.raises(ConfigError, match=r"^train\.kl: expected a mapping, got 0\.1$"):
+        load_config(None, ["train.kl=0.1"])
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED["train"].items()))
+def test_a_moved_key_names_its_new_place(tmp_path: Path, old: str, new: str) -> None:
+    message = f"^train\\.{old} is now train\\.{new.replace('.', '[.]')}$"
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"train.{old}=1"])
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, f"train:\n  epochs: 1\n  {old}: 1\n"))
+    section, field = new.split(".")
+    assert hasattr(getattr(RunConfig().train, section), field)
+
+
+@pytest.mark.parametrize("path", [None, *sorted((ROOT / "configs").rglob("*.yaml"))])
+def test_the_resolved_config_a_run_writes_loads_back_the_same(
+    tmp_path: Path, path: Path | None
+) -> None:
+    from loop.run.rundir import write_config
+
+    config = load_config(path, ["train.kl.coef=0.01", "train.horizon.start=3"])
+    write_config(tmp_path, config.to_dict())
+    assert load_config(tmp_path / "config.yaml") == config
 
 
 @pytest.mark.parametrize(
@@ -273,14 +312,16 @@ ENDPOINT = ["generator.base_url=http://127.0.0.1:1/v1", "generator.served_model=
          "vllm or vllm_server"),
         ("hf", [], 2, "several learner processes need generator.backend vllm or vllm_server, "
          "not hf"),
-        ("hf", ["train.max_staleness=1"], 1, "train.max_staleness 1 collects while the learner "
-         "trains, which generator.backend hf cannot (it keeps one version of the weights): use "
+        ("hf", ["train.overlap.max_staleness=1"], 1, "train.overlap.max_staleness 1 collects "
+         "while the learner trains, which generator.backend hf cannot (it keeps one version of "
+         "the weights): use "
          "generator.backend: vllm_server"),
-        ("vllm", ["train.max_staleness=2"], 1, "which generator.backend vllm cannot"),
-        ("vllm", ["train.split_mismatch=true"], 1, "needs generator.backend vllm_server "
+        ("vllm", ["train.overlap.max_staleness=2"], 1, "which generator.backend vllm cannot"),
+        ("vllm", ["train.off_policy.split_mismatch=true"], 1, "needs generator.backend vllm_server "
          "(published adapters), model.lora_rank > 0 and one learner process, got vllm"),
-        ("vllm_server", ["train.old_logprobs=sampler"], 1, "needs generator.backend hf and "
-         "model.dtype float32 (the learner's own weights and numbers), got vllm_server, float32"),
+        ("vllm_server", ["train.off_policy.old_logprobs=sampler"], 1, "needs generator.backend "
+         "hf and model.dtype float32 (the learner's own weights and numbers), got vllm_server, "
+         "float32"),
     ],
 )  # fmt: skip
 def test_each_backend_is_refused_what_it_cannot_do(
@@ -298,8 +339,8 @@ def test_each_backend_is_refused_what_it_cannot_do(
     ("backend", "overrides", "world"),
     [
         ("vllm", [], 2),
-        ("vllm_server", ["train.max_staleness=2"], 1),
-        ("hf", ["train.old_logprobs=sampler"], 1),
+        ("vllm_server", ["train.overlap.max_staleness=2"], 1),
+        ("hf", ["train.off_policy.old_logprobs=sampler"], 1),
     ],
 )
 def test_each_backend_runs_what_it_can_do(backend: str, overrides: list[str], world: int) -> None:

@@ -191,8 +191,8 @@ def test_reference_log_probs_are_the_base_models() -> None:
 
 
 def test_kl_to_the_reference_is_refused_with_full_fine_tuning() -> None:
-    with pytest.raises(ConfigError, match=r"^train.kl_coef needs a LoRA policy"):
-        load_config(None, ["train.kl_coef=0.04", "model.lora_rank=0"])
+    with pytest.raises(ConfigError, match=r"^train.kl.coef needs a LoRA policy"):
+        load_config(None, ["train.kl.coef=0.04", "model.lora_rank=0"])
     with pytest.raises(ConfigError, match=r"critic\.gamma_step"):
         load_config(None, ["critic.gamma_step=1.5"])
 
@@ -226,7 +226,7 @@ def test_grpo_with_kl_to_the_reference_trains_a_lora_policy(tmp_path: Path) -> N
 
     records = _train_lora_on_words(tmp_path, "kl", [
         "train.advantage=grpo", "train.strictly_on_policy=true", "train.epochs=1",
-        "train.kl_coef=0.04",
+        "train.kl.coef=0.04",
     ])  # fmt: skip
     assert len(rewards(records)) == 2
     # Iteration 0's one step starts from B = 0: the policy is the reference, k3 = 0 exactly.
@@ -239,7 +239,7 @@ def test_the_kl_to_the_starting_policy_is_kept_and_trained_against(tmp_path: Pat
 
     records = _train_lora_on_words(tmp_path, "start", [
         "train.advantage=grpo", "train.strictly_on_policy=true", "train.epochs=1",
-        "train.kl_coef=0.04", "train.kl_reference=start",
+        "train.kl.coef=0.04", "train.kl.reference=start",
     ])  # fmt: skip
     assert len(rewards(records)) == 2
     assert (tmp_path / "start" / "kl_reference" / "adapter_model.safetensors").is_file()
@@ -276,7 +276,7 @@ def test_the_starting_reference_is_that_adapter_not_the_base(tmp_path: Path) -> 
     assert sample.ref_logprobs is not None and sample.old_logprobs is not None
     assert not torch.allclose(sample.ref_logprobs, sample.old_logprobs)
     with pytest.raises(ConfigError, match="needs one learner process, got 2"):
-        check_run(load_config(None, ["train.kl_coef=0.04", "train.kl_reference=start",
+        check_run(load_config(None, ["train.kl.coef=0.04", "train.kl.reference=start",
                                      "generator.backend=vllm_server"]), 2)  # fmt: skip
 
 
@@ -286,7 +286,7 @@ def test_verlogs_kl_in_the_reward_and_whitening_train_a_lora_policy(tmp_path: Pa
     from tests.loop.test_trainer import rewards
 
     records = _train_lora_on_words(tmp_path, "verlog", [
-        "train.advantage=verlog", "train.kl_in=reward", "train.kl_coef=0.001",
+        "train.advantage=verlog", "train.kl.into=reward", "train.kl.coef=0.001",
         "critic.whiten_advantages=true", "critic.clip_eps=0.5", "critic.first_token_weight=3.0",
     ])  # fmt: skip
     assert len(rewards(records)) == 2
@@ -372,7 +372,7 @@ def test_kl_in_the_reward_by_hand() -> None:
     # reference log-probs give k1 = [0.5, 0, 0.5, -0.5]; times -0.1: KL rewards
     # [-0.05, 0, -0.05, 0.05], plus the outcome 1 on the last: r = [-0.05, 0, -0.05, 1.05],
     # later sums [0.95, 1.0, 1.0, 1.05], V = [0.2, 0.4, 0.5, 0.6] -> A = [0.75, 0.6, 0.5, 0.45]
-    config = load_config(None, ["train.advantage=gae", "train.kl_in=reward", "train.kl_coef=0.1"])
+    config = load_config(None, ["train.advantage=gae", "train.kl.into=reward", "train.kl.coef=0.1"])
     sample = _two_turn_sample(1.0)
     sample.old_logprobs = torch.tensor([0.0, -1.0, -2.0, 0.0, -0.5, -1.5])
     sample.ref_logprobs = torch.tensor([0.0, -1.5, -2.0, 0.0, -1.0, -1.0])
@@ -390,13 +390,13 @@ def test_kl_in_the_reward_takes_the_kl_out_of_the_loss_and_keeps_the_reference()
     from loop.learner.settings import LearnerSettings
 
     reward = LearnerSettings.for_rl(
-        load_config(None, ["train.advantage=verlog", "train.kl_in=reward", "train.kl_coef=0.1"])
+        load_config(None, ["train.advantage=verlog", "train.kl.into=reward", "train.kl.coef=0.1"])
     )
     assert reward.kl_coef == 0.0 and reward.reference_logprobs
-    loss = LearnerSettings.for_rl(load_config(None, ["train.kl_coef=0.1"]))
+    loss = LearnerSettings.for_rl(load_config(None, ["train.kl.coef=0.1"]))
     assert loss.kl_coef == 0.1 and not loss.reference_logprobs
-    with pytest.raises(ConfigError, match=r"train\.kl_in reward needs per-token rewards"):
-        load_config(None, ["train.kl_in=reward", "train.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match=r"train\.kl\.into reward needs per-token rewards"):
+        load_config(None, ["train.kl.into=reward", "train.kl.coef=0.1"])
     with pytest.raises(ConfigError, match=r"critic\.whiten_advantages is for gae and verlog"):
         load_config(None, ["critic.whiten_advantages=true"])
 
@@ -419,7 +419,7 @@ def test_the_verlog_config_is_what_verlogs_code_runs() -> None:
     589eb7e: examples/Verlog/train_*.sbatch, verl/trainer/config/ppo_trainer.yaml)."""
     config = load_config("configs/verlog.yaml", [])
     assert config.critic.first_token_weight == 3.0  # critic.highlight_ratio=3.0
-    assert (config.train.kl_in, config.train.kl_coef) == ("reward", 0.001)  # k1, kl_coef 0.001
+    assert (config.train.kl.into, config.train.kl.coef) == ("reward", 0.001)  # k1, kl_coef 0.001
     assert config.critic.clip_eps == 0.5  # cliprange_value: 0.5
     assert config.critic.whiten_advantages  # masked_whiten after its GAE
     assert (config.critic.gamma_step, config.critic.lambda_step) == (0.99, 0.95)
@@ -435,4 +435,4 @@ def test_the_ppo_critic_config_is_the_papers() -> None:
     assert (config.critic.coef, config.critic.coef_final) == (0.1, 0.001)
     assert config.critic.coef_decay_iterations == 200 and config.critic.warmup_iterations == 10
     assert not config.critic.grad_to_body and not config.critic.whiten_advantages
-    assert config.train.kl_coef == 0.0
+    assert config.train.kl.coef == 0.0

@@ -1,4 +1,4 @@
-"""Replaying the warm start's demonstrations during RL (`train.demo_coef`): each step's gradient
+"""Replaying the warm start's demonstrations during RL (`train.replay.coef`): each step's gradient
 is the RL loss's plus `demo_coef` x the mean cross-entropy of the step's demonstrations; steps
 take the demonstrations in a seeded cycle; the config is refused where there are none; a run
 replays them and logs `loss/demo`.
@@ -86,12 +86,12 @@ def test_steps_take_the_demonstrations_in_a_seeded_cycle_and_log_their_loss() ->
 
 
 def test_demo_replay_without_demonstrations_is_refused_in_one_line(tmp_path: Path) -> None:
-    base = [f"output_dir={tmp_path}", "suite=apptown", "train.demo_coef=0.5",
+    base = [f"output_dir={tmp_path}", "suite=apptown", "train.replay.coef=0.5",
             "generator.backend=vllm_server"]  # fmt: skip
     for extra, cause in [
         (["warm_start.source=none"], "needs warm_start.source gold or rollouts"),
-        (["warm_start.source=gold", "train.demos_per_step=3"], "multiple of the 2 learner"),
-        (["train.demo_coef=-1"], "must be >= 0"),
+        (["warm_start.source=gold", "train.replay.demos_per_step=3"], "multiple of the 2 learner"),
+        (["train.replay.coef=-1"], "must be >= 0"),
     ]:
         with pytest.raises(ConfigError, match=cause) as caught:
             check_run(load_config(None, [*base, *extra]), 2)
@@ -103,7 +103,7 @@ def test_a_run_replays_the_warm_starts_demonstrations(tmp_path: Path, monkeypatc
     run_synthetic(tmp_path, 1)  # a teacher's rollouts, the warm start's demonstrations
     teacher = tmp_path / "synth" / "rollouts" / "iter-0.jsonl.gz"
     record, _ = warm_started(
-        tmp_path, "replay", teacher, "train.iterations=1", "train.demo_coef=0.5"
+        tmp_path, "replay", teacher, "train.iterations=1", "train.replay.coef=0.5"
     )
     assert record["iteration"] == 0 and record["learn/optimizer_steps"] > 0
     assert record["loss/demo"] > 0

@@ -1,4 +1,4 @@
-"""The trainer collecting ahead (`train.max_staleness` 1) on the synthetic run, on CPU.
+"""The trainer collecting ahead (`train.overlap.max_staleness` 1) on the synthetic run, on CPU.
 
 The servers are stood in for by `PublishedCopies`: every published version is its own copy of
 the synthetic policy, sampled by an hf generator, and a request samples the version it names,
@@ -84,7 +84,7 @@ def run_ahead(tmp_path: Path, iterations: int, *extra: str) -> tuple[list[dict],
     """The synthetic run with S = 1 and the published copies; its metrics records."""
     config = load_config(
         None, [f"output_dir={tmp_path}", "name=ahead", f"train.iterations={iterations}",
-               *SYNTHETIC, "train.max_staleness=1", *extra],
+               *SYNTHETIC, "train.overlap.max_staleness=1", *extra],
     )  # fmt: skip
     torch.manual_seed(0)
     policy = synthetic_policy()

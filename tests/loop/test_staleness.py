@@ -1,4 +1,4 @@
-"""Collecting ahead (`train.max_staleness`): the staleness rules by hand, the collector's
+"""Collecting ahead (`train.overlap.max_staleness`): the staleness rules by hand, the collector's
 schedule with a fake collection, and the config checks.
 
 Run: python -m pytest tests/loop/test_staleness.py -q
@@ -162,13 +162,18 @@ def test_collecting_ahead_needs_the_server_backend() -> None:
     for backend in ("hf", "vllm"):
         with pytest.raises(ConfigError, match=r"use generator\.backend: vllm_server") as caught:
             check_run(
-                load_config(None, ["train.max_staleness=1", f"generator.backend={backend}"]), 1
+                load_config(
+                    None, ["train.overlap.max_staleness=1", f"generator.backend={backend}"]
+                ),
+                1,
             )
         assert "\n" not in str(caught.value)
-    check_run(load_config(None, ["train.max_staleness=1", "generator.backend=vllm_server"]), 1)
+    check_run(
+        load_config(None, ["train.overlap.max_staleness=1", "generator.backend=vllm_server"]), 1
+    )
     check_run(load_config(None, ["generator.backend=hf"]), 1)  # S = 0: any backend
-    with pytest.raises(ConfigError, match=r"train\.max_staleness: must be >= 0"):
-        load_config(None, ["train.max_staleness=-1"])
+    with pytest.raises(ConfigError, match=r"train\.overlap\.max_staleness: must be >= 0"):
+        load_config(None, ["train.overlap.max_staleness=-1"])
 
 
 def test_the_servers_get_lora_slots_for_every_version_a_group_may_sample() -> None:
@@ -176,7 +181,7 @@ def test_the_servers_get_lora_slots_for_every_version_a_group_may_sample() -> No
 
     for staleness, slots in ((0, "2"), (1, "2"), (3, "4")):
         config = load_config(None, ["generator.backend=vllm_server",
-                                    f"train.max_staleness={staleness}"])  # fmt: skip
+                                    f"train.overlap.max_staleness={staleness}"])  # fmt: skip
         args = vllm_server_args(config, "base", enable_lora=True)
         assert args[args.index("--max-loras") + 1] == slots
 
@@ -224,10 +229,12 @@ def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: P
 
 
 def test_the_split_needs_a_published_lora_and_one_learner() -> None:
-    servers = ["generator.backend=vllm_server", "train.split_mismatch=true"]
+    servers = ["generator.backend=vllm_server", "train.off_policy.split_mismatch=true"]
     check_run(load_config(None, servers), 1)
     for overrides, world in (([*servers, "model.lora_rank=0"], 1), (servers, 2)):
-        with pytest.raises(ConfigError, match=r"train\.split_mismatch loads the LoRA adapter"):
+        with pytest.raises(
+            ConfigError, match=r"train\.off_policy\.split_mismatch loads the LoRA adapter"
+        ):
             check_run(load_config(None, overrides), world)
     with pytest.raises(ConfigError, match=r"needs generator\.backend vllm_server"):
-        check_run(load_config(None, ["train.split_mismatch=true"]), 1)
+        check_run(load_config(None, ["train.off_policy.split_mismatch=true"]), 1)

@@ -143,11 +143,13 @@ def test_every_variant_trains(tmp_path: Path, extra: list[str]) -> None:
 
 
 def test_the_samplers_old_logprobs_train_as_the_recomputed_ones(tmp_path: Path) -> None:
-    """train.old_logprobs sampler skips the recompute pass: with the hf engine the first
+    """train.off_policy.old_logprobs sampler skips the recompute pass: with the hf engine the first
     iteration's rollouts (the same: same weights, one row at a time) and its policy loss equal
     the recompute's up to float noise, and LOOP still raises the reward."""
     recomputed = run_synthetic(tmp_path / "recompute", 2, max_batch_size=1)
-    taken = run_synthetic(tmp_path / "sampler", 6, "train.old_logprobs=sampler", max_batch_size=1)
+    taken = run_synthetic(
+        tmp_path / "sampler", 6, "train.off_policy.old_logprobs=sampler", max_batch_size=1
+    )
     first, other = recomputed[0], taken[0]
     assert "recompute/tokens" not in other and other["old_logprobs/sampler_tokens"] > 0, other
     assert other["old_logprobs/sampler_tokens"] == first["recompute/tokens"]
@@ -292,7 +294,7 @@ def test_task_sampler_draws_without_replacement_and_resumes() -> None:
 
 def test_horizon_schedule_grows_and_caps() -> None:
     config = load_config(
-        None, ["train.horizon_start=2", "train.horizon_step=3", "train.horizon_every=2"]
+        None, ["train.horizon.start=2", "train.horizon.step=3", "train.horizon.every=2"]
     )
     limits = [horizon(i, config.train, 10) for i in range(8)]
     assert limits == [2, 2, 5, 5, 8, 8, 10, 10]
@@ -310,13 +312,22 @@ def test_training_refuses_settings_the_learner_cannot_match() -> None:
     with pytest.raises(ConfigError, match="multiple of the 3 learner processes"):
         check_run(load_config(None, ["generator.backend=vllm"]), 3)
     with pytest.raises(ConfigError, match=r"old_logprobs sampler .* needs generator.backend hf"):
-        check_run(load_config(None, ["train.old_logprobs=sampler", "generator.backend=vllm"]), 1)
+        check_run(
+            load_config(None, ["train.off_policy.old_logprobs=sampler", "generator.backend=vllm"]),
+            1,
+        )
     with pytest.raises(ConfigError, match=r"old_logprobs sampler .* model.dtype float32"):
-        check_run(load_config(None, ["train.old_logprobs=sampler", "model.dtype=bfloat16"]), 1)
+        check_run(
+            load_config(None, ["train.off_policy.old_logprobs=sampler", "model.dtype=bfloat16"]), 1
+        )
     with pytest.raises(ConfigError, match="critic's old values"):
-        check_run(load_config(None, ["train.old_logprobs=sampler", "train.advantage=gae"]), 1)
-    with pytest.raises(ConfigError, match="kl_coef 0"):
-        check_run(load_config(None, ["train.old_logprobs=sampler", "train.kl_coef=0.1"]), 1)
+        check_run(
+            load_config(None, ["train.off_policy.old_logprobs=sampler", "train.advantage=gae"]), 1
+        )
+    with pytest.raises(ConfigError, match=r"kl\.coef 0"):
+        check_run(
+            load_config(None, ["train.off_policy.old_logprobs=sampler", "train.kl.coef=0.1"]), 1
+        )
     with pytest.raises(ConfigError, match="strictly_on_policy"):
         load_config(None, ["train.strictly_on_policy=true"])
     with pytest.raises(ConfigError, match="min_rollouts_per_task"):

@@ -19,7 +19,7 @@ trainer's nonce), so no prefix-cache block computed under other weights is ever 
 (reusing one name across weights reuses stale blocks: vllm#42125). A server that fails to load
 leaves routing (never serves a mixed version) and is restarted when it was started here.
 The newest `keep_versions` versions stay loaded (1: only the current one; S + 1 when the
-trainer collects S iterations ahead, `train.max_staleness`), so a request may name an older
+trainer collects S iterations ahead, `train.overlap.max_staleness`), so a request may name an older
 one (`SamplingParams.version`: every turn of a group samples the version current when the
 group was dispatched); an older version is retired and unloaded once no request uses it, and
 a request naming a retired one fails (`GeneratorError`).
