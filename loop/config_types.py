@@ -50,12 +50,10 @@ class ModelConfig:
         "smollm2-135m", "a hub id, a local path, or a built-in alias (loop/model/aliases.py)"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = doc(
-        "float32",
-        "weights' dtype (float32 on CPU; bfloat16 on GPU)",
+        "float32", "weights' dtype (float32 on CPU; bfloat16 on GPU)"
     )
     device: Literal["cpu", "cuda", "auto"] = doc(
-        "cpu",
-        "where the policy runs (auto: CUDA when available)",
+        "cpu", "where the policy runs (auto: CUDA when available)"
     )
     attn_implementation: str | None = doc(None, 'e.g. "sdpa", "flash_attention_2"; None = default')
     lora_rank: int = doc(16, "LoRA r; 0 = full fine-tuning")
@@ -67,8 +65,7 @@ class ModelConfig:
     )
     load_in_4bit: bool = doc(False, "4-bit base via bitsandbytes (CUDA only)")
     gradient_checkpointing: bool = doc(
-        False,
-        "recompute activations in the backward pass (less memory, more time)",
+        False, "recompute activations in the backward pass (less memory, more time)"
     )
     torch_threads: int | None = doc(None, "CPU threads for torch ops (None: torch's default)")
     init_adapter: str | None = doc(None, "start from this PEFT LoRA adapter directory (LoRA only)")
@@ -147,8 +144,7 @@ class AgentConfig:
     max_observation_tokens: int = doc(3000, "longer observations are cut with a notice")
     temperature: float = doc(1.0, "sampling temperature (training needs > 0)")
     top_p: float = doc(
-        1.0,
-        "nucleus sampling (training needs 1.0: the learner scores the full distribution)",
+        1.0, "nucleus sampling (training needs 1.0: the learner scores the full distribution)"
     )
     rollout_timeout_s: float = doc(
         3600.0,
@@ -160,8 +156,7 @@ class AgentConfig:
         "token plus this many standard errors (loop/rollout/attribution.py)",
     )
     worked_example: bool = doc(
-        True,
-        "show the suite's worked example in the prompt (the paper does)",
+        True, "show the suite's worked example in the prompt (the paper does)"
     )
     memory_turns: int | None = doc(None, "Verlog's memory: context + the last n turns (None: all)")
 
@@ -482,15 +477,13 @@ class RunConfig:
     model: ModelConfig = doc_factory(ModelConfig, "the policy LLM")
     generator: GeneratorConfig = doc_factory(GeneratorConfig, "which backend samples the rollouts")
     sandbox: SandboxConfig = doc_factory(
-        SandboxConfig,
-        "the REPL sandboxes the agent's code runs in",
+        SandboxConfig, "the REPL sandboxes the agent's code runs in"
     )
     agent: AgentConfig = doc_factory(AgentConfig, "the ReAct episode")
     eval: EvalConfig = doc_factory(EvalConfig, "evaluate.py and the trainer's periodic evaluation")
     train: TrainConfig = doc_factory(TrainConfig, "the LOOP iteration")
     critic: CriticConfig = doc_factory(
-        CriticConfig,
-        "the value head of train.advantage gae | verlog",
+        CriticConfig, "the value head of train.advantage gae | verlog"
     )
     warm_start: WarmStartConfig = doc_factory(WarmStartConfig, "supervised fine-tuning before RL")
     openenv: OpenEnvConfig = doc_factory(OpenEnvConfig, "suite openenv: the server and its wire")
