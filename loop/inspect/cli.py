@@ -36,7 +36,7 @@ log = logging.getLogger("loop.inspect")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line (see README, "Inspecting rollouts")."""
+    """The command line (see docs/inspect.md)."""
     p = argparse.ArgumentParser(
         prog="python -m loop.inspect",
         description="Per-rollout API-call behaviour of a run: tables, and an HTML report.",
