@@ -42,7 +42,13 @@ from typing import Any, Literal
 
 import httpx
 
-from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.base import (
+    FinishReason,
+    Generation,
+    GeneratorError,
+    GeneratorStats,
+    SamplingParams,
+)
 from loop.generators.tokenizer import Tokenizer
 
 Mode = Literal["completions", "chat"]
@@ -126,6 +132,10 @@ class OpenAIGenerator:
                 "the openai generator cannot load LoRA adapters (the endpoint serves a fixed "
                 "model); serve the adapter with the server instead (vllm serve --lora-modules)"
             )
+
+    def stats(self) -> GeneratorStats:
+        """No counters: the hosted server's work is not ours to count."""
+        return GeneratorStats()
 
     def release_memory(self) -> None:
         """Nothing to free: the model runs elsewhere."""

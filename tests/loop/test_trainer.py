@@ -30,6 +30,7 @@ from loop.config import ConfigError, load_config
 from loop.learner.batch import Sample, take_sampler_logprobs
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
+from loop.learner.stress import stress_test
 from loop.model import checkpoint
 from loop.rollout.task_sampler import TaskSampler
 from loop.rollout.trajectory import Trajectory, Turn
@@ -199,6 +200,7 @@ RESUME_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
 import torch
+import loop.learner.update as update
 import loop.trainer as trainer
 from loop.parts import TrainParts
 from loop.config import load_config
@@ -212,14 +214,14 @@ from tests.loop.synthetic import (
 )
 
 kill_at = int(os.environ.get("KILL_AT", "-1"))
-original_learn = trainer.learn
+original_learn = update.learn
 
 def learn(learner, samples, cfg, iteration, seed, show_progress):
     if iteration == kill_at:  # die after the first optimizer step of this iteration
         learner.learn(samples, seed=seed, on_step=lambda: os.kill(os.getpid(), signal.SIGKILL))
     return original_learn(learner, samples, cfg, iteration, seed, show_progress)
 
-trainer.learn = learn
+update.learn = learn
 config = load_config(None, sys.argv[1:])
 torch.manual_seed(0)
 policy = synthetic_policy()
@@ -354,7 +356,7 @@ def test_learner_kl_guard_skips_the_rest_of_the_iteration(tmp_path: Path) -> Non
 def test_stress_test_runs_forward_and_backward_of_the_longest_rollout() -> None:
     policy = synthetic_policy()
     learner = Learner(policy, LearnerSettings(lr=1e-3, weight_decay=0.0))
-    loss = learner.stress_test(256)
+    loss = stress_test(learner, 256)
     assert torch.isfinite(torch.tensor(loss))
     assert all(p.grad is None for p in policy.model.parameters())  # nothing left behind
 
