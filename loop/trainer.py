@@ -163,7 +163,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     draw = functools.partial(sampler.draw, cfg.tasks_per_iteration)
     runlog = open_run(config, run, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
-        stress_test(learner, cfg.max_seq_len)
+        stress_test(learner.stress_test, cfg.max_seq_len)
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
     metrics = await start_policy(config, parts, learner, run, start, show_progress)
     for iteration in range(start, cfg.iterations):

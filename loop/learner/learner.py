@@ -37,7 +37,7 @@ changes, so once per iteration is enough, and each step adds `kl_coef * k3`
 `demos_per_step` demonstrations of the warm start (own forward passes; `loss/demo`).
 `reference_logprobs` (the KL in the reward, Verlog's way): recorded the same way, no KL term
 in the loss (loop/learner/critic.py folds k1 into the rewards before GAE). The memory stress
-test (loop/learner/stress.py) runs one step's terms through `loss_backward`.
+test (`stress_test`, loop/learner/stress.py) runs one step's terms through `loss_backward`.
 
 With several processes each learner gets an equal shard of the rollouts; gradients are averaged
 across processes by the sharding wrapper, so the local loss is scaled by the world size to keep
@@ -71,6 +71,7 @@ from loop.learner.objective import policy_loss
 from loop.learner.prefix import SharedPrefix, can_share, shared_length
 from loop.learner.settings import LearnerSettings
 from loop.learner.stats import LearnStats, Losses, importance_stats, parity_stats, record_extras
+from loop.learner.stress import stress_rollout
 from loop.model import distributed
 from loop.model.checkpoint import load_adapter
 from loop.model.policy import Policy
@@ -381,6 +382,13 @@ class Learner:
         )  # fmt: skip
 
     # -- the memory stress test (loop/learner/stress.py) ---------------------------------------
+    def stress_test(self, seq_len: int) -> float:
+        """Forward and backward one synthetic rollout of `seq_len` tokens (`stress_rollout`)
+        through `loss_backward`; returns the loss."""
+        values, reference = self.critic is not None, self.needs_reference
+        sample = stress_rollout(seq_len, self.policy.tokenizer, values=values, reference=reference)
+        return self.loss_backward(sample)
+
     def loss_backward(self, sample: Sample) -> float:
         """Forward and backward `sample` alone with every term on (the value loss at its first
         coefficient, even during the critic's warm-up): the step's peak memory. The optimizer is

@@ -360,10 +360,8 @@ def test_assign_gae_returns_each_turns_mean_advantage_for_the_credit() -> None:
 
 def test_the_stress_test_runs_every_term_even_during_the_warm_up() -> None:
     policy = synthetic_policy()
-    from loop.learner.stress import stress_test
-
-    plain = stress_test(Learner(policy, LearnerSettings(lr=1e-2, weight_decay=0.0)), 64)
-    with_critic = stress_test(_critic_learner(policy, warmup_iterations=5), 64)
+    plain = Learner(policy, LearnerSettings(lr=1e-2, weight_decay=0.0)).stress_test(64)
+    with_critic = _critic_learner(policy, warmup_iterations=5).stress_test(64)
     # V = 0 (the head's last layer starts at zero), targets 1: value loss 1/2 (0 - 1)^2 = 0.5,
     # times the coefficient 0.1: the policy loss plus 0.05, not the value loss alone.
     assert with_critic == pytest.approx(plain + 0.05, abs=1e-6)

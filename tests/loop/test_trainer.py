@@ -30,7 +30,6 @@ from loop.config import ConfigError, load_config
 from loop.learner.batch import Sample, take_sampler_logprobs
 from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
-from loop.learner.stress import stress_test
 from loop.model import checkpoint
 from loop.rollout.task_sampler import TaskSampler
 from loop.rollout.trajectory import Trajectory, Turn
@@ -356,7 +355,7 @@ def test_learner_kl_guard_skips_the_rest_of_the_iteration(tmp_path: Path) -> Non
 def test_stress_test_runs_forward_and_backward_of_the_longest_rollout() -> None:
     policy = synthetic_policy()
     learner = Learner(policy, LearnerSettings(lr=1e-3, weight_decay=0.0))
-    loss = stress_test(learner, 256)
+    loss = learner.stress_test(256)
     assert torch.isfinite(torch.tensor(loss))
     assert all(p.grad is None for p in policy.model.parameters())  # nothing left behind
 
