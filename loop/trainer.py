@@ -2,10 +2,13 @@
 
 `train()` is the algorithm, one iteration written once as numbered steps; everything else in
 this file is a step's helper (one call site each, except the weight sync and the evaluation,
-which also run on resume, after the warm start and after the last iteration). train.py checks
-the config once (`loop.checks.check_run`), builds what the trainer runs on
-(`loop.build.build_training`, a `loop.parts.TrainParts`) and calls `train()`; every seed comes
-from loop/seeds.py and every file of the run directory goes through loop/run/rundir.py.
+which also run on resume, after the warm start and after the last iteration); steps 4-5 are the
+learner's one call (loop/learner/update.py), off the event loop while groups are collected
+ahead. The generator is read only through its Protocol (loop/generators/base.py: its work
+counters through `stats()`). train.py checks the config once (`loop.checks.check_run`), builds
+what the trainer runs on (`loop.build.build_training`, a `loop.parts.TrainParts`) and calls
+`train()`; every seed comes from loop/seeds.py and every file of the run directory goes through
+loop/run/rundir.py.
 What "LOOP" means here, relative to the paper (Chen et al. 2025, arXiv 2502.01600, [P]) and
 its reference code (apple/ml-loop, [C]):
 
@@ -167,7 +170,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
     metrics = await start_policy(config, parts, learner, run, start, show_progress)
     for iteration in range(start, cfg.iterations):
-        started, generated = time.monotonic(), parts.generator.stats()
+        started, at_start = time.monotonic(), parts.generator.stats()
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
         metrics = {"horizon/max_turns": max_turns} | (metrics if iteration == 0 else {})
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
@@ -218,7 +221,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 7. Log, save the rollouts, checkpoint.
         elapsed = time.monotonic() - started
         metrics |= throughput(metrics, groups, update.stats.trained_tokens, elapsed)
-        metrics |= parts.generator.stats().idle_since(generated, elapsed)  # vllm_server's
+        metrics |= parts.generator.stats().idle_since(at_start, elapsed)  # vllm_server's
         if runlog is not None:
             record_iteration(
                 runlog, config, run, iteration, metrics, groups, update.credit, kept, samples
