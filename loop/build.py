@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from loop.checks import backend, check_splits, having, sandbox_limits
 from loop.config import ConfigError, RunConfig
 from loop.config_types import SuiteOptions
-from loop.generators.base import Generator, GeneratorError
+from loop.generators.base import Generator, GeneratorError, GeneratorStats
 from loop.generators.tokenizer import Tokenizer
 from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, Policy
@@ -353,6 +353,10 @@ class _IdleGenerator:
 
     def release_memory(self) -> None:
         """Nothing to free: this process has no engine."""
+
+    def stats(self) -> GeneratorStats:
+        """No counters: this process has no engine."""
+        return GeneratorStats()
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -178,6 +178,11 @@ def check_run(config: RunConfig, world_size: int) -> None:
             f"train.minibatch_size={config.train.minibatch_size} must be a multiple of the "
             f"{world_size} learner processes"
         )
+    if config.warm_start.source != "none" and config.warm_start.minibatch_size % world_size:
+        raise ConfigError(
+            f"warm_start.minibatch_size={config.warm_start.minibatch_size} must be a multiple "
+            f"of the {world_size} learner processes"
+        )
     if config.train.loss == "reinforce" and config.train.ratio_level == "turn":
         raise ConfigError("train.loss reinforce supports ratio_level token or trajectory")
     if world_size > 1 and config.train.advantage in CRITIC_ADVANTAGES:

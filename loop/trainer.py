@@ -2,10 +2,13 @@
 
 `train()` is the algorithm, one iteration written once as numbered steps; everything else in
 this file is a step's helper (one call site each, except the weight sync and the evaluation,
-which also run on resume, after the warm start and after the last iteration). train.py checks
-the config once (`loop.checks.check_run`), builds what the trainer runs on
-(`loop.build.build_training`, a `loop.parts.TrainParts`) and calls `train()`; every seed comes
-from loop/seeds.py and every file of the run directory goes through loop/run/rundir.py.
+which also run on resume, after the warm start and after the last iteration); steps 4-5 are the
+learner's one call (loop/learner/update.py), off the event loop while groups are collected
+ahead. The generator is read only through its Protocol (loop/generators/base.py: its work
+counters through `stats()`). train.py checks the config once (`loop.checks.check_run`), builds
+what the trainer runs on (`loop.build.build_training`, a `loop.parts.TrainParts`) and calls
+`train()`; every seed comes from loop/seeds.py and every file of the run directory goes through
+loop/run/rundir.py.
 What "LOOP" means here, relative to the paper (Chen et al. 2025, arXiv 2502.01600, [P]) and
 its reference code (apple/ml-loop, [C]):
 
@@ -94,29 +97,27 @@ values clipped to [0, 1]; configs/table1/ppo-critic.yaml), and Verlog, from its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
-import logging
-import math
-import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from loop.algo.correction import split_mismatch
+from loop.algo.advantages import round_to_world_size
 from loop.algo.credit import Credit, assign_credit, rollout_reward
 from loop.config import ConfigError, RunConfig, TrainConfig
 from loop.evaluation import run_evaluations
 from loop.generators import sync
-from loop.generators.hf.generator import EngineWork
-from loop.learner.batch import Sample, learner_logprobs, make_samples, take_sampler_logprobs
-from loop.learner.critic import assign_gae, build_critic
-from loop.learner.learner import Learner, LearnStats
+from loop.learner.batch import Sample, learner_logprobs, make_samples
+from loop.learner.critic import build_critic
+from loop.learner.learner import Learner
 from loop.learner.settings import LearnerSettings
+from loop.learner.stress import stress_test
+from loop.learner.update import keep_start, update_policy
 from loop.model import checkpoint, distributed
 from loop.model.policy import Policy
 from loop.parts import TrainParts
@@ -130,11 +131,10 @@ from loop.run.metrics import infra_failure_problem, iteration_metrics, throughpu
 from loop.run.report import learning_report
 from loop.run.rundir import RunDir, write_config
 from loop.run.runlog import RunLog, summary_line, write_rollouts
-from loop.seeds import minibatch_seed, shuffle_seed
+from loop.seeds import shuffle_seed
 from loop.warmstart import demo_sample, demonstrations, load_init_adapter, warm_start
 from tasks import Task, TaskSuite
 
-log = logging.getLogger(__name__)
 PUBLISHED_KEPT = 2  # adapter_sync/: the version the generator serves and the one before it
 
 
@@ -167,18 +167,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
     draw = functools.partial(sampler.draw, cfg.tasks_per_iteration)
     runlog = open_run(config, run, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
-        stress_test(learner, cfg.max_seq_len)
+        stress_test(learner.stress_test, cfg.max_seq_len)
     # W. The policy RL starts from: model.init_adapter, then the warm start (cached by its data).
-    metrics: dict[str, float] = {}
-    demos: list[Trajectory] = []
-    if start == 0:
-        metrics, demos = await prepare_policy(config, parts, run, show_progress)
-    keep_start(learner, parts, run, cfg)
-    if cfg.replay.coef > 0:  # the demonstrations every step replays (played again on a resume)
-        demos = demos or await demonstrations(config, parts, show_progress)
-        learner.replay([demo_sample(d, cfg.max_seq_len) for d in demos], seed=config.seed)
+    metrics = await start_policy(config, parts, learner, run, start, show_progress)
     for iteration in range(start, cfg.iterations):
-        started, idle_before = time.monotonic(), server_idle_s(parts)
+        started, at_start = time.monotonic(), parts.generator.stats()
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit now
         metrics = {"horizon/max_turns": max_turns} | (metrics if iteration == 0 else {})
         # 0. Evaluate before every eval_every-th iteration (iteration 0: the base model).
@@ -187,11 +180,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 1. Sample tasks (seeded, without replacement, reshuffled when exhausted), and
         # 2. K rollouts per task, concurrently, until the straggler cut-off; with S >= 1 both
         #    were started ahead, at step 3b of an earlier iteration, and are awaited here.
-        work = engine_work(parts)
+        before = parts.generator.stats()
         collection = await ahead.take(iteration, draw)
         metrics |= {"time/rollout_s": collection.rollout_s,
                     "time/wait_rollouts_s": collection.wait_s}  # fmt: skip
-        metrics |= work_since(parts, work, "gen/")  # the hf engine's decode and prefill time
+        metrics |= parts.generator.stats().work_since(before, "gen/")  # the hf engine's work
         # 3. Groups older than S versions are dropped (counted); advantages over each task's
         #    group; drop rollouts with |A| below the threshold.
         assembly = assemble(collection.groups, iteration, cfg.overlap.max_staleness)
@@ -210,46 +203,74 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 3b. Overlap (overlap.max_staleness S >= 1): draw and dispatch the next iterations' groups
         #     now, so the servers sample them while steps 4-5 run in a worker thread.
         ahead.dispatch_ahead(iteration, draw)
-        t_learn = time.monotonic()
-        parts.generator.release_memory()  # the sampler's caches, for the learner's memory
-        # 4. Recompute the old log-probs with the learner; compare with the sampler's (or,
-        #    old_logprobs: sampler, take the sampler's: the hf engine runs the same weights).
-        if cfg.off_policy.old_logprobs == "sampler":
-            metrics |= take_sampler_logprobs(samples)
-        else:
-            metrics |= await ahead.off_loop(learner.recompute_old_logprobs, samples)
-            check_parity(metrics, cfg)
-        if cfg.off_policy.split_mismatch:  # the mismatch's engine and staleness parts, at pi_v
-            t_split = time.monotonic()
-            metrics |= await ahead.off_loop(
-                mismatch_parts, learner, run, samples, groups, iteration
-            )
-            metrics["time/split_mismatch_s"] = time.monotonic() - t_split
-        critic = await ahead.off_loop(assign_gae, samples, config)  # gae / verlog: old values
-        metrics |= critic.metrics
-        credit = credit.with_turn_advantages(critic.turn_means)
-        # 5. Epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
-        stats = await ahead.off_loop(
-            learn, learner, samples, cfg, iteration, config.seed, show_progress
-        )
-        metrics |= stats.metrics() | {"time/learn_s": time.monotonic() - t_learn}
+        # 4. Old log-probs: the learner's recompute, compared with the sampler's (or, with
+        #    old_logprobs: sampler, the sampler's: the hf engine runs the same weights); the
+        #    mismatch split at pi_v; the critic's advantages (gae / verlog), then
+        # 5. epochs of minibatch steps (grad clip, KL early stop, non-finite steps skipped).
+        with timed(metrics, "time/learn_s"):
+            parts.generator.release_memory()  # the sampler's caches, for the learner's memory
+            update = await ahead.off_loop(
+                update_policy, learner, samples, groups, credit, config, iteration,
+                run.adapter_sync, show_progress,
+            )  # fmt: skip
+            metrics |= update.metrics
         # 6. Push the new weights to the generator (a LoRA adapter for vLLM; nothing for hf);
         #    groups dispatched from now on sample them.
-        t_sync = time.monotonic()
-        sync_weights(parts, run, iteration, keep=PUBLISHED_KEPT + cfg.overlap.max_staleness)
-        ahead.published = iteration + 1
-        metrics["time/sync_s"] = time.monotonic() - t_sync
+        with timed(metrics, "time/sync_s"):
+            sync_weights(parts, run, iteration, keep=PUBLISHED_KEPT + cfg.overlap.max_staleness)
+            ahead.published = iteration + 1
         # 7. Log, save the rollouts, checkpoint.
         elapsed = time.monotonic() - started
-        metrics |= throughput(metrics, groups, stats.trained_tokens, elapsed)
-        if idle_before is not None and (idle_now := server_idle_s(parts)) is not None:
-            metrics |= {"time/server_idle_s": idle_now - idle_before,
-                        "time/server_idle_share": (idle_now - idle_before) / elapsed}  # fmt: skip
+        metrics |= throughput(metrics, groups, update.stats.trained_tokens, elapsed)
+        metrics |= parts.generator.stats().idle_since(at_start, elapsed)  # vllm_server's
         if runlog is not None:
-            record_iteration(runlog, config, run, iteration, metrics, groups, credit, kept, samples)
+            record_iteration(
+                runlog, config, run, iteration, metrics, groups, update.credit, kept, samples
+            )
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
             save(run, iteration + 1, parts.policy, learner, sampler, ahead, cfg.keep_checkpoints)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
+    return await finish(config, parts, run, start, metrics, runlog, show_progress)
+
+
+@contextlib.contextmanager
+def timed(metrics: dict[str, float], key: str) -> Iterator[None]:
+    """The block's wall time in seconds, written to `metrics[key]` when it ends."""
+    started = time.monotonic()
+    yield
+    metrics[key] = time.monotonic() - started
+
+
+async def start_policy(
+    config: RunConfig, parts: TrainParts, learner: Learner, run: RunDir, start: int,
+    show_progress: bool,
+) -> dict[str, float]:  # fmt: skip
+    """Step W on a fresh run: load `model.init_adapter`, then run (or load) the configured warm
+    start; its metrics. Fresh or resumed: the policy RL starts from kept where later steps read
+    it (`keep_start`), and the demonstrations every step replays with `train.replay.coef` set
+    (played again on a resume)."""
+    cfg = config.train
+    metrics: dict[str, float] = {}
+    demos: list[Trajectory] = []
+    if start == 0 and config.model.init_adapter is not None:
+        load_init_adapter(config, parts.policy)
+        sync_weights(parts, run, -1)
+    if start == 0 and config.warm_start.source != "none":
+        metrics, demos = await warm_start(config, parts, show_progress=show_progress)
+    keep_start(learner, run.adapter_sync(0) if cfg.off_policy.split_mismatch else None)
+    if cfg.replay.coef > 0:
+        demos = demos or await demonstrations(config, parts, show_progress)
+        learner.replay([demo_sample(d, cfg.max_seq_len) for d in demos], seed=config.seed)
+    return metrics
+
+
+async def finish(
+    config: RunConfig, parts: TrainParts, run: RunDir, start: int, metrics: dict[str, float],
+    runlog: RunLog | None, show_progress: bool,
+) -> dict[str, float]:  # fmt: skip
+    """After the last iteration: the final evaluation (logged at `train.iterations`), the run
+    log closed and the learning report printed; returns the last metrics with it."""
+    cfg = config.train
     final: dict[str, float] = {}
     if cfg.eval_every and (start < cfg.iterations or cfg.iterations == 0):
         final = await evaluate_during_training(config, parts, run, cfg.iterations, show_progress)
@@ -262,19 +283,6 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         runlog.close()
         print(learning_report(run.path), file=sys.stderr)
     return metrics
-
-
-async def prepare_policy(
-    config: RunConfig, parts: TrainParts, run: RunDir, show_progress: bool
-) -> tuple[dict[str, float], list[Trajectory]]:
-    """Step W: load `model.init_adapter`, then run (or load) the configured warm start; its
-    metrics and the demonstrations it played."""
-    if config.model.init_adapter is not None:
-        load_init_adapter(config, parts.policy)
-        sync_weights(parts, run, -1)
-    if config.warm_start.source == "none":
-        return {}, []
-    return await warm_start(config, parts, show_progress=show_progress)
 
 
 def record_signals(
@@ -310,22 +318,6 @@ def build_learner(config: RunConfig, policy: Policy, run: RunDir | None = None) 
             raise ValueError("train.kl.reference start needs the run directory")
         settings = dataclasses.replace(settings, reference_adapter=run.kl_reference)
     return Learner(policy, settings, critic=build_critic(config, policy))
-
-
-def keep_start(learner: Learner, parts: TrainParts, run: RunDir, cfg: TrainConfig) -> None:
-    """Save the policy RL starts from where later steps read it, once: the KL's reference
-    (`train.kl.reference: start`) and version 0's adapter, pi_v of the groups that sampled it
-    (`train.off_policy.split_mismatch`; a warm start serves its own copy). A resumed run keeps
-    what its first launch saved."""
-    targets = [learner.settings.reference_adapter]
-    targets += [run.adapter_sync(0)] if cfg.off_policy.split_mismatch else []
-    for target in targets:
-        if target is None or target.is_dir():
-            continue
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        checkpoint.save_weights(parts.policy.model, partial)  # whole or not at all
-        partial.rename(target)
 
 
 def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
@@ -373,9 +365,6 @@ def collect_ahead(
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit then
         return await roll_out(config, parts, tasks, iteration, max_turns, show_progress, pin)
 
-    # train.py's check says so first
-    if cfg.overlap.max_staleness and parts.generator.shares_weights:
-        raise ConfigError("train.overlap.max_staleness: use generator.backend: vllm_server")
     ahead = AheadCollector(
         collect, max_staleness=cfg.overlap.max_staleness,
         tasks_per_iteration=cfg.tasks_per_iteration, iterations=cfg.iterations,
@@ -394,21 +383,6 @@ def open_run(config: RunConfig, run: RunDir, start: int) -> RunLog:
     )  # fmt: skip
 
 
-def stress_test(learner: Learner, seq_len: int) -> None:
-    """Forward and backward the longest rollout now, so a config that cannot fit fails fast."""
-    started = time.monotonic()
-    try:
-        learner.stress_test(seq_len)
-    except torch.OutOfMemoryError:
-        raise ConfigError(
-            f"the stress test ran out of memory at train.max_seq_len={seq_len}: lower "
-            "train.max_seq_len, enable model.gradient_checkpointing, lower "
-            "train.logprob_chunk_size, or use a smaller model / model.load_in_4bit"
-        ) from None
-    print(f"stress test: {seq_len} tokens forward+backward in "
-          f"{time.monotonic() - started:.1f} s", file=sys.stderr)  # fmt: skip
-
-
 async def evaluate_during_training(
     config: RunConfig, parts: TrainParts, run: RunDir, iteration: int, show_progress: bool
 ) -> dict[str, float]:
@@ -417,18 +391,19 @@ async def evaluate_during_training(
     eval/<split>@T<t>/iter-<iteration>/, metrics `.../sampled/*`)."""
     if not distributed.is_main():
         return {}
-    started, work = time.monotonic(), engine_work(parts)
     metrics: dict[str, float] = {}
-    for split in [config.eval.split, *config.eval.more_splits]:
-        scores = await run_evaluations(
-            config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-            tokenizer=parts.tokenizer, out_dir=lambda label: run.eval_dir(label, iteration),
-            show_progress=show_progress, split=split,
-        )  # fmt: skip
-        prefix = "eval/" if split == config.eval.split else f"eval/{split}/"
-        metrics |= {prefix + key.removeprefix("eval/"): value for key, value in scores.items()}
-    metrics |= work_since(parts, work, "gen/eval_")
-    return metrics | {"time/eval_s": time.monotonic() - started}
+    with timed(metrics, "time/eval_s"):
+        before = parts.generator.stats()
+        for split in [config.eval.split, *config.eval.more_splits]:
+            scores = await run_evaluations(
+                config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                tokenizer=parts.tokenizer, out_dir=lambda label: run.eval_dir(label, iteration),
+                show_progress=show_progress, split=split,
+            )  # fmt: skip
+            prefix = "eval/" if split == config.eval.split else f"eval/{split}/"
+            metrics |= {prefix + k.removeprefix("eval/"): v for k, v in scores.items()}
+        metrics |= parts.generator.stats().work_since(before, "gen/eval_")
+    return metrics
 
 
 async def roll_out(
@@ -460,18 +435,8 @@ def select_samples(
 ) -> tuple[list[Sample], list[bool]]:
     """Samples of the kept rollouts, this process's equal shard; and the kept flag per rollout."""
     flat = [traj for group in groups for traj in group]
-    keep = list(credit.keep)
-    world = distributed.world_size()
-    if world > 1:  # round the kept count up to a multiple of the world size, by |A|
-        spare = sorted(
-            (i for i, k in enumerate(keep) if not k and credit.present[i]),
-            key=lambda i: -credit.magnitude[i],
-        )
-        while sum(keep) % world and spare:
-            keep[spare.pop(0)] = True
-        while sum(keep) % world:  # not enough rollouts to top up: drop the weakest kept
-            weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: credit.magnitude[i])
-            keep[weakest] = False
+    world = distributed.world_size()  # the kept count rounded up to a multiple of it, by |A|
+    keep = round_to_world_size(credit.keep, credit.magnitude, credit.present, world)
     samples = []
     for i, traj in enumerate(flat):
         if keep[i]:
@@ -482,100 +447,6 @@ def select_samples(
     order = torch.randperm(len(samples), generator=shuffle)
     shard = [samples[int(i)] for i in order][distributed.rank() :: world]
     return shard, keep
-
-
-def check_parity(metrics: dict[str, float], cfg: TrainConfig) -> None:
-    """Stop when the learner and the sampler disagree beyond the configured threshold."""
-    worst = metrics.get("recompute/abs_logprob_diff_max", 0.0)
-    threshold = cfg.off_policy.logprob_diff_threshold
-    if threshold is not None and worst > threshold:
-        raise RuntimeError(
-            f"learner and sampler log-probs differ by up to {worst:.4f} > "
-            f"train.off_policy.logprob_diff_threshold={threshold}: the sampler does not "
-            "sample from the model being trained (dtype, adapter sync or sampling settings)"
-        )
-
-
-def learn(
-    learner: Learner, samples: list[Sample], cfg: TrainConfig, iteration: int, seed: int,
-    show_progress: bool,
-) -> LearnStats:  # fmt: skip
-    """Step 5, with strictly-on-policy mode as one minibatch of everything."""
-    if not samples:
-        learner.step_schedule()
-        return LearnStats()
-    world = distributed.world_size()
-    # strictly on policy: one minibatch of everything, whatever train.minibatch_size says
-    minibatch_size = len(samples) * world if cfg.strictly_on_policy else cfg.minibatch_size
-    steps = cfg.epochs * math.ceil(len(samples) * world / minibatch_size)
-    progress = _progress(steps, f"iter {iteration} learn", show_progress, unit="step")
-    try:
-        return learner.learn(
-            samples, seed=minibatch_seed(seed, iteration), iteration=iteration,
-            minibatch_size=minibatch_size, on_step=lambda: progress.update(1),
-        )  # fmt: skip
-    finally:
-        progress.close()
-
-
-def engine_work(parts: TrainParts) -> EngineWork | None:
-    """A copy of the hf engine's work counters now (None for the other backends)."""
-    work = getattr(parts.generator, "work", None)
-    return dataclasses.replace(work) if isinstance(work, EngineWork) else None
-
-
-def work_since(parts: TrainParts, before: EngineWork | None, prefix: str) -> dict[str, float]:
-    """The hf engine's decode and prefill time since `before` (`engine_work`), as metrics."""
-    now = engine_work(parts)
-    return {} if now is None or before is None else now.since(before, prefix)
-
-
-def server_idle_s(parts: TrainParts) -> float | None:
-    """Seconds so far that the inference servers had no request in flight (their mean), for
-    a backend that runs them (vllm_server); None for the others and on ranks without one."""
-    idle = getattr(parts.generator, "idle_seconds", None)
-    return idle() if callable(idle) else None
-
-
-def mismatch_parts(
-    learner: Learner, run: RunDir, samples: list[Sample], groups: list[list[Trajectory]],
-    iteration: int,
-) -> dict[str, float]:  # fmt: skip
-    """`mismatch/*`: the sampler-learner mismatch over the iteration's output tokens, split at
-    pi_v, the learner's log-probs under the version v each rollout sampled: its published
-    adapter (kept while groups may sample it) for a stale rollout, the recompute's for one of
-    the current version (`iteration`; also a rollout that names none, as in the synchronous
-    loop)."""
-    flat = [traj for group in groups for traj in group]
-    versions = [flat[s.source].policy_version for s in samples]
-    behaviour = [s.old_logprobs for s in samples]
-    for version in sorted({v for v in versions if v is not None and v != iteration}):
-        stale = [i for i, v in enumerate(versions) if v == version]
-        adapter = run.adapter_sync(version)
-        if not adapter.is_dir():  # a diagnostic: it never stops the run
-            log.warning("split_mismatch: no adapter of version %d at %s", version, adapter)
-            for i in stale:
-                behaviour[i] = None
-            continue
-        found = learner.logprobs_with_adapter(adapter, [samples[i] for i in stale])
-        for i, logprobs in zip(stale, found, strict=True):
-            behaviour[i] = logprobs
-    scored: list[tuple[Sample, Tensor, Tensor]] = [
-        (s, s.old_logprobs, b)
-        for s, b in zip(samples, behaviour, strict=True)
-        if s.old_logprobs is not None and b is not None
-    ]
-    split = split_mismatch(
-        torch.cat([s.sampler_logprobs for s, _, _ in scored]),
-        torch.cat([b for _, _, b in scored]),
-        torch.cat([old for _, old, _ in scored]),
-        torch.cat([s.is_output for s, _, _ in scored]),
-    )
-    return {
-        "mismatch/tokens": split.tokens,
-        "mismatch/engine_k3": split.engine_k3,
-        "mismatch/staleness_k3": split.staleness_k3,
-    }
 
 
 def sync_weights(

@@ -23,7 +23,8 @@ Where each formula comes from (loop_spec.md = ../shared/reference/loop_spec.md):
 - `compute_turn_advantages`: turn-level credit, MT-GRPO Eq. 9 (group-normalised) and MT-RLOO
   Eq. 11 (leave-one-out), generalised from two turns to many; see its docstring.
 - `filter_by_magnitude`: the reference code's `_filter_rollouts` threshold |A| >= 0.01
-  (loop_spec.md 2.4), before its rounding to a multiple of the world size (the trainer's job).
+  (loop_spec.md 2.4), and `round_to_world_size` its rounding of the kept count to a multiple of
+  the world size (next largest |A| first, else the weakest kept dropped).
 
 Advantages come back in the floating dtype of `rewards` (float32 in the trainer; tests use
 float64), and are exactly 0.0 wherever `valid` is False.
@@ -242,6 +243,31 @@ def filter_by_magnitude(advantages: Tensor, valid: Tensor, threshold: float) -> 
     if magnitude.shape != valid.shape:
         raise ValueError(f"advantages {tuple(advantages.shape)} vs valid {tuple(valid.shape)}")
     return valid & (magnitude >= threshold)
+
+
+def round_to_world_size(
+    keep: list[bool], magnitude: list[float], present: list[bool], world: int
+) -> list[bool]:
+    """The kept flags with their count rounded up to a multiple of `world` (the learner
+    processes, which take equal shards), as the reference code does after its filter.
+
+    keep, magnitude (max |A| over the rollout's turns), present: one per rollout. Rollouts not
+    kept but present are added largest |A| first (the earlier one first on a tie); when none is
+    left, the weakest kept are dropped (the earlier one first on a tie) until the count divides.
+    Returns a new list; `keep` itself when `world` is 1.
+    """
+    keep = list(keep)
+    if world <= 1:
+        return keep
+    spare = sorted(
+        (i for i, k in enumerate(keep) if not k and present[i]), key=lambda i: -magnitude[i]
+    )
+    while sum(keep) % world and spare:
+        keep[spare.pop(0)] = True
+    while sum(keep) % world:  # not enough rollouts to top up: drop the weakest kept
+        weakest = min((i for i, k in enumerate(keep) if k), key=lambda i: magnitude[i])
+        keep[weakest] = False
+    return keep
 
 
 def count_exclusions(

@@ -58,6 +58,50 @@ class Generation:
     prompt_as: PromptAs | None = None  # how the prompt went to an endpoint (openai)
 
 
+@dataclass
+class EngineWork:
+    """Where an engine's time went, cumulative (the hf engine counts it; the trainer logs each
+    stage's share)."""
+
+    decode_s: float = 0.0  # decode steps, their sampling included
+    decode_steps: int = 0
+    decoded_rows: int = 0  # rows summed over the decode steps (/ steps: the mean batch)
+    prefill_s: float = 0.0  # prompts, glue and observations run before a row decodes
+    prefill_tokens: int = 0
+
+    def since(self, before: EngineWork, prefix: str) -> dict[str, float]:
+        """The work done since `before` as `<prefix>decode_s` and so on."""
+        steps = self.decode_steps - before.decode_steps
+        return {
+            f"{prefix}decode_s": self.decode_s - before.decode_s,
+            f"{prefix}prefill_s": self.prefill_s - before.prefill_s,
+            f"{prefix}prefill_tokens": float(self.prefill_tokens - before.prefill_tokens),
+            f"{prefix}decode_rows_mean": (self.decoded_rows - before.decoded_rows) / max(steps, 1),
+        }
+
+
+@dataclass(frozen=True)
+class GeneratorStats:
+    """A generator's cumulative counters at one moment (`Generator.stats()`): the trainer logs
+    the difference between two readings. None where the backend has no such counter."""
+
+    engine: EngineWork | None = None  # hf: its engine's decode and prefill work
+    server_idle_s: float | None = None  # vllm_server: seconds no request was in flight (mean)
+
+    def work_since(self, before: GeneratorStats, prefix: str) -> dict[str, float]:
+        """The engine's work since `before` as `<prefix>decode_s` and so on ({}: none counted)."""
+        if self.engine is None or before.engine is None:
+            return {}
+        return self.engine.since(before.engine, prefix)
+
+    def idle_since(self, before: GeneratorStats, elapsed_s: float) -> dict[str, float]:
+        """`time/server_idle_s` since `before` and its share of `elapsed_s` ({}: not counted)."""
+        if self.server_idle_s is None or before.server_idle_s is None:
+            return {}
+        idle = self.server_idle_s - before.server_idle_s
+        return {"time/server_idle_s": idle, "time/server_idle_share": idle / elapsed_s}
+
+
 class GeneratorError(RuntimeError):
     """A backend failed to generate (the rollout ends with status `generator_error`)."""
 
@@ -100,6 +144,11 @@ class Generator(Protocol):
         """Free what sampling holds between requests (caches) for the learner's step, which
         the trainer calls before; sampling rebuilds what it needs (a no-op for a backend
         whose memory is not the learner's)."""
+        ...
+
+    def stats(self) -> GeneratorStats:
+        """Its counters now (cumulative; a copy): the trainer logs `gen/*` (the engine's work
+        while collecting, `gen/eval_*` while evaluating) and `time/server_idle_*` from them."""
         ...
 
     async def close(self) -> None:

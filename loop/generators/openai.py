@@ -47,6 +47,7 @@ from loop.generators.base import (
     FinishReason,
     Generation,
     GeneratorError,
+    GeneratorStats,
     PromptAs,
     SamplingParams,
 )
@@ -133,6 +134,10 @@ class OpenAIGenerator:
                 "the openai generator cannot load LoRA adapters (the endpoint serves a fixed "
                 "model); serve the adapter with the server instead (vllm serve --lora-modules)"
             )
+
+    def stats(self) -> GeneratorStats:
+        """No counters: the hosted server's work is not ours to count."""
+        return GeneratorStats()
 
     def release_memory(self) -> None:
         """Nothing to free: the model runs elsewhere."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loop.generators.base import FinishReason, Generation, SamplingParams
+from loop.generators.base import FinishReason, Generation, GeneratorStats, SamplingParams
 from loop.generators.tokenizer import Tokenizer
 
 Message = str | Callable[[list[dict[str, str]]], str]
@@ -65,6 +65,10 @@ class ScriptedGenerator:
 
     def load_adapter(self, path: Path | None) -> None:
         """Nothing to load: the script is the policy."""
+
+    def stats(self) -> GeneratorStats:
+        """No counters: it replays a script."""
+        return GeneratorStats()
 
     def release_memory(self) -> None:
         """Nothing to free."""

@@ -1,7 +1,8 @@
 """The learner: old log-probs, then epochs of minibatch gradient steps on the one policy model.
 
 `Learner` owns the optimizer and the step guards; the math is in loop/algo/losses.py and
-loop/algo/advantages.py. One iteration's learning (loop_spec.md section 2, steps 5 to 8):
+loop/algo/advantages.py, the policy loss the settings choose in loop/learner/objective.py. One
+iteration's learning (loop_spec.md section 2, steps 5 to 8):
 
 1. `recompute_old_logprobs`: a no-grad pass in eval mode gives the learner's log-probs of every
    output token; they overwrite the sampler's as the PPO "old" log-probs, and their difference
@@ -22,20 +23,21 @@ The recompute and every step run the common start of their samples once
 (loop/learner/prefix.py, `shared_prefix_min`) where the model allows it; the results are the
 whole sequences'.
 
-Two optional terms share the forward pass and the step. With a `critic` (loop/learner/critic.py) the
-value head reads the same last hidden state as the log-probs: the recompute pass also records
-the old values, and each step adds `coef * clipped value loss` and steps the head's own
-optimizer; during the critic warm-up the actor is frozen (no policy loss, no policy step). With
-`kl_coef` > 0 (GRPO's KL to the reference, LoRA only) the recompute pass also records the
-reference log-probs, from the same model with the LoRA adapter disabled (peft's
-`disable_adapter()`: no second copy), or, with `reference_adapter` (`train.kl.reference:
-start`), under that saved adapter, loaded in place of the current one for one pass and swapped
-back (`logprobs_with_adapter`); the reference never changes, so once per iteration is enough,
-and each step adds `kl_coef * k3` (loop/algo/losses.py `kl_penalty`). With `demo_coef` > 0
-(`replay`) each step also adds `demo_coef` x the mean cross-entropy of the next
-`demos_per_step` demonstrations of the warm start (its own forward passes; `loss/demo`). With
-`reference_logprobs` (the KL in the reward, Verlog's way) the recompute records them the same
-way and the loss has no KL term: loop/learner/critic.py folds k1 into the rewards before GAE.
+Optional terms share the forward pass and the step. A `critic` (loop/learner/critic.py): the
+value head reads the same last hidden state as the log-probs, the recompute also records the
+old values, each step adds `coef * clipped value loss` and steps the head's optimizer; during
+the critic warm-up the actor is frozen (no policy loss or step). `kl_coef` > 0 (GRPO's KL to
+the reference, LoRA only): the recompute also records the reference log-probs, from the same
+model with the LoRA adapter disabled (peft's `disable_adapter()`: no second copy) or, with
+`reference_adapter` (`train.kl.reference: start`), under that saved adapter loaded in place of
+the current one for one pass and swapped back (`logprobs_with_adapter`); the reference never
+changes, so once per iteration is enough, and each step adds `kl_coef * k3`
+(loop/algo/losses.py `kl_penalty`).
+`demo_coef` > 0 (`replay`): each step adds `demo_coef` x the mean cross-entropy of the next
+`demos_per_step` demonstrations of the warm start (own forward passes; `loss/demo`).
+`reference_logprobs` (the KL in the reward, Verlog's way): recorded the same way, no KL term
+in the loss (loop/learner/critic.py folds k1 into the rewards before GAE). The memory stress
+test (`stress_test`, loop/learner/stress.py) runs one step's terms through `loss_backward`.
 
 With several processes each learner gets an equal shard of the rollouts; gradients are averaged
 across processes by the sharding wrapper, so the local loss is scaled by the world size to keep
@@ -55,23 +57,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loop.algo.correction import behaviour_weights
 from loop.algo.losses import (
-    PolicyLoss,
     ValueLoss,
-    clipped_surrogate_loss,
     clipped_value_loss,
     cross_entropy_loss,
     kl_estimates,
     kl_penalty,
-    reinforce_loss,
 )
 from loop.learner.batch import Batch, Sample, collate
 from loop.learner.critic import Critic, first_token_weights
 from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden, values_from_hidden
+from loop.learner.objective import policy_loss
 from loop.learner.prefix import SharedPrefix, can_share, shared_length
 from loop.learner.settings import LearnerSettings
 from loop.learner.stats import LearnStats, Losses, importance_stats, parity_stats, record_extras
+from loop.learner.stress import stress_rollout
 from loop.model import distributed
 from loop.model.checkpoint import load_adapter
 from loop.model.policy import Policy
@@ -105,14 +105,14 @@ class Learner:
         self.demonstrations: list[Sample] = []  # replayed with `demo_coef` (see `replay`)
 
     @property
-    def _needs_reference(self) -> bool:
+    def needs_reference(self) -> bool:
         """The recompute records the reference's log-probs (a KL in the loss or the reward)."""
         return self.settings.kl_coef > 0 or self.settings.reference_logprobs
 
     @property
     def _reference_off(self) -> bool:
         """The reference is the model with its adapter off (not a saved adapter)."""
-        return self._needs_reference and self.settings.reference_adapter is None
+        return self.needs_reference and self.settings.reference_adapter is None
 
     # -- 1. old log-probs -------------------------------------------------------------------
     @torch.no_grad()
@@ -145,7 +145,7 @@ class Learner:
                         sample.ref_logprobs = reference[row, :n].clone()
         finally:
             self.model.train(was_training)
-        if self._needs_reference and self.settings.reference_adapter is not None:
+        if self.needs_reference and self.settings.reference_adapter is not None:
             found = self.logprobs_with_adapter(self.settings.reference_adapter, samples)
             for sample, logprobs in zip(samples, found, strict=True):
                 sample.ref_logprobs = logprobs
@@ -231,12 +231,7 @@ class Learner:
     def local_minibatch_size(self, minibatch_size: int | None = None) -> int:
         """This process's share of a minibatch (the rollouts are sharded equally)."""
         size = self.settings.minibatch_size if minibatch_size is None else minibatch_size
-        world = distributed.world_size()
-        if size % world:
-            raise ValueError(
-                f"train.minibatch_size={size} must be a multiple of the {world} learner processes"
-            )
-        return size // world
+        return size // distributed.world_size()  # a multiple: loop/checks.py refuses others
 
     def step_schedule(self) -> None:
         """The once-per-iteration schedule step (also when no optimizer step was taken)."""
@@ -362,7 +357,7 @@ class Learner:
         total = torch.zeros(batch.input_ids.shape[0], device=batch.input_ids.device)
         if not frozen:
             logprobs = self._logprobs(batch, hidden)
-            policy = self._policy_loss(batch, logprobs)
+            policy = policy_loss(batch, logprobs, self.settings)
             total = total + policy.loss
             if self.settings.kl_coef > 0:
                 if batch.ref_logprobs is None:
@@ -386,50 +381,18 @@ class Learner:
             clip_eps=self.critic.clip_eps, weights=weights,
         )  # fmt: skip
 
-    def _policy_loss(self, batch: Batch, logprobs: Tensor | None = None) -> PolicyLoss:
-        if logprobs is None:
-            logprobs = self._logprobs(batch, self._hidden(batch))
-        mask, s = batch.is_output, self.settings
-        if s.loss == "cross_entropy":
-            return cross_entropy_loss(logprobs, mask, old_logprobs=batch.old_logprobs)
-        if s.loss == "reinforce":
-            assert s.ratio_level != "turn", "no per-turn REINFORCE (loop/checks.py refuses it)"
-            return reinforce_loss(  # old log-probs only feed k1/k3 and the high-KL stop
-                logprobs, batch.advantages, mask, level=s.ratio_level,
-                old_logprobs=batch.old_logprobs,
-            )  # fmt: skip
-        assert batch.old_logprobs is not None
-        weights = None  # none: no weighting at all, so the paper's loss stays bit-exact
-        if s.is_correction != "none":
-            weights = behaviour_weights(
-                batch.old_logprobs, batch.sampler_logprobs, mask, correction=s.is_correction,
-                cap=s.is_cap, band=s.is_band,
-            ).weights  # fmt: skip
-        return clipped_surrogate_loss(
-            logprobs, batch.old_logprobs, batch.advantages, mask, clip_eps=s.clip_eps,
-            lower=s.clip_lower, level=s.ratio_level, turn_ids=batch.turn_ids, weights=weights,
-        )  # fmt: skip
-
-    # -- the memory stress test ----------------------------------------------------------------
+    # -- the memory stress test (loop/learner/stress.py) ---------------------------------------
     def stress_test(self, seq_len: int) -> float:
-        """Forward and backward one synthetic rollout of `seq_len` tokens; returns the loss.
+        """Forward and backward one synthetic rollout of `seq_len` tokens (`stress_rollout`)
+        through `loss_backward`; returns the loss."""
+        values, reference = self.critic is not None, self.needs_reference
+        sample = stress_rollout(seq_len, self.policy.tokenizer, values=values, reference=reference)
+        return self.loss_backward(sample)
 
-        Run before the first iteration so a configuration that cannot fit fails in seconds.
-        The sequence is a repeated ordinary token with its last 90% marked as output (as the
-        reference code does); the optimizer is not stepped and gradients are cleared.
-        """
-        tokens = torch.full((seq_len,), self._filler_token(), dtype=torch.long)
-        is_output = torch.zeros(seq_len, dtype=torch.bool)
-        is_output[seq_len // 10 :] = True
-        advantages = torch.where(is_output, 1.0, 0.0)
-        sample = Sample(
-            tokens, is_output, torch.full((seq_len,), math.nan), torch.where(is_output, 0, -1),
-            advantages, old_logprobs=torch.zeros(seq_len),
-        )  # fmt: skip
-        if self.critic is not None:
-            sample.old_values, sample.returns = torch.zeros(seq_len), torch.ones(seq_len)
-        if self._needs_reference:
-            sample.ref_logprobs = torch.zeros(seq_len)
+    def loss_backward(self, sample: Sample) -> float:
+        """Forward and backward `sample` alone with every term on (the value loss at its first
+        coefficient, even during the critic's warm-up): the step's peak memory. The optimizer is
+        not stepped and the gradients are cleared; returns the loss."""
         self.model.train()
         self._zero_grad()
         try:
@@ -519,10 +482,6 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.optimizer.zero_grad(set_to_none=True)
-
-    def _filler_token(self) -> int:
-        ids = self.policy.tokenizer(" the", add_special_tokens=False)["input_ids"]
-        return int(ids[0]) if ids else 0
 
 
 def _chunks(items: list[Sample], size: int) -> list[list[Sample]]:

@@ -1,23 +1,34 @@
-"""What the learner measures: the terms of a micro-batch's loss, one iteration's statistics, and
-the parity of the learner's log-probs with the sampler's (loop/learner/learner.py does the
-learning).
+"""What the learner measures: the terms of a micro-batch's loss, one iteration's statistics, the
+parity of the learner's log-probs with the sampler's, and the sampler-learner mismatch split at
+the version each rollout sampled (loop/learner/learner.py does the learning).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from loop.algo.correction import Correction, WeightStats, behaviour_weights, weight_stats
+from loop.algo.correction import (
+    Correction,
+    WeightStats,
+    behaviour_weights,
+    split_mismatch,
+    weight_stats,
+)
 from loop.algo.losses import PolicyLoss, ValueLoss
 from loop.learner.batch import Sample
 from loop.learner.settings import LearnerSettings
 from loop.model import distributed
+
+log = logging.getLogger(__name__)
 
 
 class Losses(NamedTuple):
@@ -177,3 +188,48 @@ def importance_metrics(stats: WeightStats, correction: Correction) -> dict[str, 
     elif correction == "mask":
         out["is/masked_frac"] = stats.corrected_frac
     return out
+
+
+def mismatch_stats(
+    samples: Sequence[Sample],
+    versions: Sequence[int | None],
+    iteration: int,
+    published: Callable[[int], Path],
+    logprobs_with_adapter: Callable[[Path, list[Sample]], list[Tensor]],
+) -> dict[str, float]:
+    """`mismatch/*`: the sampler-learner mismatch over the iteration's output tokens, split at
+    pi_v, the learner's log-probs under the version v each rollout sampled (`versions`, one per
+    sample): its published adapter (`published(v)`, kept while groups may sample it, read by
+    `logprobs_with_adapter`: the learner's) for a stale rollout, the recompute's for one of the
+    current version (`iteration`; also a rollout that names none, as in the synchronous loop).
+    Also `time/split_mismatch_s`, the time it took. The old log-probs are set."""
+    started = time.monotonic()
+    behaviour = [s.old_logprobs for s in samples]
+    for version in sorted({v for v in versions if v is not None and v != iteration}):
+        stale = [i for i, v in enumerate(versions) if v == version]
+        adapter = published(version)
+        if not adapter.is_dir():  # a diagnostic: it never stops the run
+            log.warning("split_mismatch: no adapter of version %d at %s", version, adapter)
+            for i in stale:
+                behaviour[i] = None
+            continue
+        found = logprobs_with_adapter(adapter, [samples[i] for i in stale])
+        for i, logprobs in zip(stale, found, strict=True):
+            behaviour[i] = logprobs
+    scored: list[tuple[Sample, Tensor, Tensor]] = [
+        (s, s.old_logprobs, b)
+        for s, b in zip(samples, behaviour, strict=True)
+        if s.old_logprobs is not None and b is not None
+    ]
+    split = split_mismatch(
+        torch.cat([s.sampler_logprobs for s, _, _ in scored]),
+        torch.cat([b for _, _, b in scored]),
+        torch.cat([old for _, old, _ in scored]),
+        torch.cat([s.is_output for s, _, _ in scored]),
+    )
+    return {
+        "mismatch/tokens": split.tokens,
+        "mismatch/engine_k3": split.engine_k3,
+        "mismatch/staleness_k3": split.staleness_k3,
+        "time/split_mismatch_s": time.monotonic() - started,
+    }

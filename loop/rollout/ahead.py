@@ -5,10 +5,11 @@ The trainer asks `take(k)` for iteration k's groups. With S = 0 that draws the t
 collects them then and there: the synchronous loop, unchanged. With S >= 1, once iteration k
 has assembled its groups, `dispatch_ahead(k)` draws the tasks of iterations k+1 .. k+S (those
 not dispatched yet, within the admission bound of loop/rollout/staleness.py) and starts their
-collections as asyncio tasks on this event loop; the learner's step then runs in a worker
-thread (`off_loop`; torch releases the GIL), so the servers sample and the sandboxes run while
-the learner trains, and `take(k+1)` awaits what is left. Each group is pinned to the version
-published when its first rollout starts (loop/rollout/collect.py), which `published` tracks.
+collections as asyncio tasks on this event loop; the learner's steps 4-5 then run in a worker
+thread (`off_loop`, one call: loop/learner/update.py; torch releases the GIL), so the servers
+sample and the sandboxes run while the learner trains, and `take(k+1)` awaits what is left.
+Each group is pinned to the version published when its first rollout starts
+(loop/rollout/collect.py), which `published` tracks.
 
 Draw order. The tasks of k+1 are drawn after iteration k told the sampler its groups' signals,
 so with S = 1 the sampler sees draws and signals in the synchronous loop's order (the same

@@ -20,6 +20,7 @@ from loop.algo.advantages import (
     compute_turn_advantages,
     count_exclusions,
     filter_by_magnitude,
+    round_to_world_size,
 )
 
 T, F = True, False
@@ -355,6 +356,33 @@ def test_filter_by_magnitude_per_turn() -> None:
     assert keep.tolist() == [[T, F]]
     with pytest.raises(ValueError, match="threshold"):
         filter_by_magnitude(turn_adv, mask([[T, T]]), -1.0)
+
+
+def test_round_to_world_size_tops_up_by_magnitude_by_hand() -> None:
+    # 5 rollouts: kept 0 and 3 (|A| .5, .2); 1 (|A| .3) and 4 (|A| .3) spare, 2 not present.
+    keep, magnitude, present = [T, F, F, T, F], [0.5, 0.3, 0.9, 0.2, 0.3], [T, T, F, T, T]
+    # world 3: 2 kept -> 3, the largest spare |A|; 1 and 4 tie at .3, the earlier one wins.
+    assert round_to_world_size(keep, magnitude, present, 3) == [T, T, F, T, F]
+    # world 4: both spares added (2 -> 4); rollout 2 is never added, it has no reward.
+    assert round_to_world_size(keep, magnitude, present, 4) == [T, T, F, T, T]
+    # world 2 and 1: already a multiple, unchanged; the input is never modified.
+    assert round_to_world_size(keep, magnitude, present, 2) == keep
+    assert round_to_world_size(keep, magnitude, present, 1) == keep
+    assert keep == [T, F, F, T, F]
+
+
+def test_round_to_world_size_drops_the_weakest_when_nothing_is_spare() -> None:
+    # world 4: 3 kept, 1 spare -> 4 would do; world 5: 4 at most, so down to a multiple of 5: 0.
+    keep, magnitude, present = [T, T, F, T], [0.4, 0.1, 0.2, 0.4], [T, T, T, T]
+    assert round_to_world_size(keep, magnitude, present, 4) == [T, T, T, T]
+    assert round_to_world_size(keep, magnitude, present, 5) == [F, F, F, F]
+    # world 3, no spare present: 4 kept -> 3, dropping the weakest (|A| .1, rollout 1), then
+    # on a tie (.4, .4) the earlier one is the weakest.
+    keep, magnitude, present = [T, T, T, T, F], [0.4, 0.1, 0.5, 0.4, 0.9], [T, T, T, T, F]
+    assert round_to_world_size(keep, magnitude, present, 3) == [T, F, T, T, F]
+    assert round_to_world_size([T, F, T, T], [0.4, 0.1, 0.5, 0.4], [T, F, T, T], 2) == [
+        F, F, T, T,
+    ]  # fmt: skip
 
 
 def test_count_exclusions_by_hand() -> None:

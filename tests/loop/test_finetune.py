@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from loop.config import load_config
+from loop.generators.base import GeneratorStats
 from loop.generators.hf.generator import HFGenerator
 from loop.learner.batch import Sample, collate
 from loop.learner.learner import Learner
 from loop.learner.logprobs import token_logprobs
+from loop.learner.objective import policy_loss
 from loop.learner.settings import LearnerSettings
 from loop.model import checkpoint
 from loop.model.policy import LoraSettings, _wrap_lora
@@ -62,7 +64,7 @@ def test_the_sft_loss_is_the_output_tokens_nll_and_falls() -> None:
     batch = collate(samples, pad_id=2, device=torch.device("cpu"))
     with torch.no_grad():
         logprobs = token_logprobs(policy.model, batch.input_ids, batch.attention_mask)
-        out = learner._policy_loss(batch)
+        out = policy_loss(batch, learner._logprobs(batch, learner._hidden(batch)), learner.settings)
     for row, sample in enumerate(samples):
         expected = -logprobs[row][sample.is_output].mean()
         torch.testing.assert_close(out.loss[row], expected)
@@ -122,6 +124,9 @@ class ServingRecorder:
 
     def release_memory(self) -> None:
         self.inner.release_memory()
+
+    def stats(self) -> GeneratorStats:
+        return self.inner.stats()
 
     async def close(self) -> None:
         await self.inner.close()

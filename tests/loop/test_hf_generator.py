@@ -10,7 +10,6 @@ the SmolLM2 tests are `slow`)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -379,10 +378,10 @@ async def test_release_memory_frees_the_store_and_the_slots_and_sampling_goes_on
 
 async def test_engine_work_counts_the_decode_steps_and_the_prefilled_ids(tiny_policy) -> None:
     generator, batch = HFGenerator(tiny_policy, max_batch_size=4), prompts(4, seed=5)
-    before = dataclasses.replace(generator.work)
+    before = generator.stats()  # a copy: the worker counts on
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     outs = await asyncio.gather(*(generator.generate(p, params) for p in batch))
-    work = generator.work.since(before, "gen/")
+    work = generator.stats().work_since(before, "gen/")
     # every sampled id after a row's first came from a decode step (the first from its prefill)
     decoded = sum(len(out.token_ids) - 1 for out in outs)
     assert work["gen/decode_rows_mean"] * generator.work.decode_steps == decoded

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from loop.config import load_config
-from loop.generators.base import Generation, SamplingParams
+from loop.generators.base import Generation, GeneratorStats, SamplingParams
 from loop.generators.hf.generator import HFGenerator
 from loop.model import checkpoint
 from loop.model.policy import Policy
@@ -75,6 +75,9 @@ class PublishedCopies:
 
     def release_memory(self) -> None:
         return None
+
+    def stats(self) -> GeneratorStats:
+        return GeneratorStats()
 
     async def close(self) -> None:
         return None

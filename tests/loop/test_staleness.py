@@ -187,11 +187,11 @@ def test_the_servers_get_lora_slots_for_every_version_a_group_may_sample() -> No
 
 
 def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: Path) -> None:
-    """The trainer's step 4b: a stale rollout's pi_v comes from its version's published
+    """Step 4's mismatch split: a stale rollout's pi_v comes from its version's published
     adapter, a current one's from the recompute (fake learner: log-probs by hand)."""
     from loop.learner.batch import Sample
+    from loop.learner.stats import mismatch_stats
     from loop.run.rundir import RunDir
-    from loop.trainer import mismatch_parts
 
     groups = [group("a", 1), group("b", 2)]  # iteration 2: "a" sampled version 1, "b" is current
     mask = torch.tensor([False, True, True])
@@ -210,7 +210,15 @@ def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: P
 
     run = RunDir(tmp_path)
     run.adapter_sync(1).mkdir(parents=True)
-    metrics = mismatch_parts(Learner(), run, samples, groups, 2)  # type: ignore[arg-type]
+    flat = [traj for g in groups for traj in g]
+    versions = [flat[s.source].policy_version for s in samples]
+    assert versions == [1, 1, 2, 2]
+
+    def mismatch_parts() -> dict[str, float]:
+        found = Learner().logprobs_with_adapter
+        return mismatch_stats(samples, versions, 2, run.adapter_sync, found)
+
+    metrics = mismatch_parts()
     assert asked == [(run.adapter_sync(1), [0, 1])]  # once per stale version, its rollouts only
 
     def k3(rho: float) -> float:
@@ -223,7 +231,7 @@ def test_the_mismatch_is_split_with_each_stale_version_s_own_adapter(tmp_path: P
     assert metrics["mismatch/staleness_k3"] == pytest.approx((k3(0.5) + k3(2.0)) * 2 / 8)
     # a version whose adapter is gone: its rollouts are left out, the run goes on
     run.adapter_sync(1).rmdir()
-    metrics = mismatch_parts(Learner(), run, samples, groups, 2)  # type: ignore[arg-type]
+    metrics = mismatch_parts()
     assert metrics["mismatch/tokens"] == 4 and metrics["mismatch/staleness_k3"] == 0
     assert metrics["mismatch/engine_k3"] == pytest.approx(k3(0.5) / 2)
 

@@ -201,6 +201,7 @@ RESUME_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
 import torch
+import loop.learner.update as update
 import loop.trainer as trainer
 from loop.parts import TrainParts
 from loop.config import load_config
@@ -214,14 +215,14 @@ from tests.loop.synthetic import (
 )
 
 kill_at = int(os.environ.get("KILL_AT", "-1"))
-original_learn = trainer.learn
+original_learn = update.learn
 
 def learn(learner, samples, cfg, iteration, seed, show_progress):
     if iteration == kill_at:  # die after the first optimizer step of this iteration
         learner.learn(samples, seed=seed, on_step=lambda: os.kill(os.getpid(), signal.SIGKILL))
     return original_learn(learner, samples, cfg, iteration, seed, show_progress)
 
-trainer.learn = learn
+update.learn = learn
 config = load_config(None, sys.argv[1:])
 torch.manual_seed(0)
 policy = synthetic_policy()

@@ -48,23 +48,28 @@ afterwards.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from loop.config_types import one_line
-from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.base import (
+    EngineWork,
+    FinishReason,
+    Generation,
+    GeneratorError,
+    GeneratorStats,
+    SamplingParams,
+)
 from loop.generators.hf.engine import DecoderEngine, Row, supports
 from loop.generators.hf.kvcache import KVStore
+from loop.generators.hf.listing import ModelListing, sampling_mode
+from loop.generators.hf.requests import Active, Request, capped, check_prompt, deliver
 from loop.generators.hf.sampling import pick_tokens, sample_batch, seeded_rng
 from loop.model.checkpoint import load_adapter
 from loop.model.policy import Policy
@@ -77,47 +82,6 @@ SHARE_FRACTION = 0.5
 # 415 MiB at 8 rollouts and 852 at 32, benchmarks/README.md).
 KV_FREE_SHARE = 0.25
 CPU_KV_CACHE_MB = 1024.0
-
-
-@dataclass
-class EngineWork:
-    """Where the engine's time went, cumulative (the trainer logs each stage's share)."""
-
-    decode_s: float = 0.0  # decode steps, their sampling included
-    decode_steps: int = 0
-    decoded_rows: int = 0  # rows summed over the decode steps (/ steps: the mean batch)
-    prefill_s: float = 0.0  # prompts, glue and observations run before a row decodes
-    prefill_tokens: int = 0
-
-    def since(self, before: EngineWork, prefix: str) -> dict[str, float]:
-        """The work done since `before` as `<prefix>decode_s` and so on."""
-        steps = self.decode_steps - before.decode_steps
-        return {
-            f"{prefix}decode_s": self.decode_s - before.decode_s,
-            f"{prefix}prefill_s": self.prefill_s - before.prefill_s,
-            f"{prefix}prefill_tokens": float(self.prefill_tokens - before.prefill_tokens),
-            f"{prefix}decode_rows_mean": (self.decoded_rows - before.decoded_rows) / max(steps, 1),
-        }
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future[Generation]
-    loop: asyncio.AbstractEventLoop
-
-
-@dataclass(eq=False)
-class _Active:
-    """A request being decoded: its row in the engine and what it sampled so far."""
-
-    request: _Request
-    row: Row
-    rng: torch.Generator | None
-    sampled: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: FinishReason | None = None
 
 
 class HFGenerator:
@@ -172,9 +136,9 @@ class HFGenerator:
         self._vocab_size = policy.model.get_input_embeddings().num_embeddings
         self._pad_id = _pad_token_id(policy)
         self._model_lock = threading.Lock()  # one user of the weights at a time (load_adapter)
-        self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._active: list[_Active] = []
-        self._outbox: list[tuple[_Request, Generation | Exception]] = []  # delivered after a step
+        self._inbox: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._active: list[Active] = []
+        self._outbox: list[tuple[Request, Generation | Exception]] = []  # delivered after a step
         self._fingerprint: tuple[tuple[int, int], ...] | None = None
         self._listing: ModelListing | None = None  # listed at a burst's start (ModelListing)
         self._worker: threading.Thread | None = None
@@ -190,12 +154,12 @@ class HFGenerator:
         """Sample one continuation of `prompt_token_ids` (`messages` is ignored)."""
         if self._closed:
             raise GeneratorError("hf generator is closed")
-        self._check_prompt(prompt_token_ids)
-        params = self._capped(len(prompt_token_ids), params)
+        check_prompt(prompt_token_ids, self._vocab_size)
+        params = capped(len(prompt_token_ids), params, self.max_context_tokens)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         self._ensure_worker()
-        self._inbox.put(_Request(list(prompt_token_ids), params, future, loop))
+        self._inbox.put(Request(list(prompt_token_ids), params, future, loop))
         return await future
 
     def load_adapter(self, path: Path | None) -> None:
@@ -224,6 +188,10 @@ class HFGenerator:
                 if not self.engine.rows:
                     self.engine.release()
 
+    def stats(self) -> GeneratorStats:
+        """The engine's decode and prefill work so far (a copy: the worker keeps counting)."""
+        return GeneratorStats(engine=dataclasses.replace(self.work))
+
     async def close(self) -> None:
         """Stop the worker; queued and running requests get a `GeneratorError`."""
         self._closed = True
@@ -231,28 +199,6 @@ class HFGenerator:
         worker, self._worker = self._worker, None
         if worker is not None:
             await asyncio.to_thread(worker.join, 30)
-
-    def _check_prompt(self, prompt_token_ids: list[int]) -> None:
-        if not prompt_token_ids:
-            raise GeneratorError("empty prompt: at least one token id is needed")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self._vocab_size]
-        if bad:
-            raise GeneratorError(f"prompt token ids outside [0, {self._vocab_size}): {bad[:5]}")
-
-    def _capped(self, prompt_length: int, params: SamplingParams) -> SamplingParams:
-        """`params` with `max_new_tokens` cut so that prompt + output fit `max_context_tokens`
-        (a row's slot then never grows past it); a prompt that leaves no room is an error."""
-        if self.max_context_tokens is None:
-            return params
-        room = self.max_context_tokens - prompt_length
-        if room < 1:
-            raise GeneratorError(
-                f"prompt of {prompt_length} tokens leaves no room under "
-                f"max_context_tokens={self.max_context_tokens}"
-            )
-        if params.max_new_tokens <= room:
-            return params
-        return dataclasses.replace(params, max_new_tokens=room)
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -280,20 +226,20 @@ class HFGenerator:
                 queued.append(self._inbox.get_nowait())
             self._fail_in_flight([r for r in queued if r is not None], "hf generator closed")
 
-    def _fail_in_flight(self, requests: list[_Request], message: str) -> None:
+    def _fail_in_flight(self, requests: list[Request], message: str) -> None:
         """`requests` and every active row get a `GeneratorError`; all row slots are freed."""
         error = GeneratorError(message)
         for request in [*requests, *(active.request for active in self._active)]:
-            _deliver(request, error)
+            deliver(request, error)
         self._active = []
         if self.engine is not None:
             self.engine.rows.clear()
             self.engine.release()
 
-    def _take(self, limit: int, block: bool) -> list[_Request]:
+    def _take(self, limit: int, block: bool) -> list[Request]:
         """Up to `limit` queued requests: waiting for the first when `block`, and on the static
         path up to `batch_wait_s` for more."""
-        taken: list[_Request] = []
+        taken: list[Request] = []
         deadline = time.monotonic() + self.batch_wait_s
         while len(taken) < limit:
             wait = deadline - time.monotonic() if self.engine is None else 0.0
@@ -312,12 +258,12 @@ class HFGenerator:
                 taken.append(request)
         return taken
 
-    def _serve_continuous(self, joining: list[_Request]) -> None:
+    def _serve_continuous(self, joining: list[Request]) -> None:
         """Admit `joining`, then one decode step for every active row. Results are delivered
         once the model is back in its own mode (a caller may train it as soon as it has them)."""
         assert self.engine is not None
         try:  # the listing is taken under the lock (`with A, B` enters A before evaluating B)
-            with self._model_lock, _sampling_mode(self._current_listing(), self.torch_threads):
+            with self._model_lock, sampling_mode(self._current_listing(), self.torch_threads):
                 self._sync_weights()
                 placed = [self._admit(request) for request in joining]
                 self._prefill_joined([entry for entry in placed if entry is not None])
@@ -330,7 +276,7 @@ class HFGenerator:
         finally:
             outbox, self._outbox = self._outbox, []
             for request, outcome in outbox:
-                _deliver(request, outcome)
+                deliver(request, outcome)
 
     def _current_listing(self) -> ModelListing:
         """The model's modules and parameters for this step (under the model lock): listed
@@ -356,7 +302,7 @@ class HFGenerator:
                 self.engine.prefill(row, ids)
         self._fingerprint = fingerprint
 
-    def _admit(self, request: _Request) -> tuple[_Active, list[int]] | None:
+    def _admit(self, request: Request) -> tuple[Active, list[int]] | None:
         """Give a request a row: reuse what the store has; the ids left to prefill.
 
         A prompt that extends no retained cache (a rollout's first turn) and that no entry
@@ -370,7 +316,7 @@ class HFGenerator:
         prompt = request.prompt_token_ids
         match = self.cache.match(prompt)
         row = Row(ids=prompt[: match.reused], entry=match.entry, n_prefix=match.n_prefix)
-        active = _Active(request, row, seeded_rng(request.params.seed))
+        active = Active(request, row, seeded_rng(request.params.seed))
         shared = (
             not match.from_retained
             and match.reused < len(prompt) - 1
@@ -394,7 +340,7 @@ class HFGenerator:
         self._joined([active], logits[None])
         return None
 
-    def _prefill_joined(self, placed: list[tuple[_Active, list[int]]]) -> None:
+    def _prefill_joined(self, placed: list[tuple[Active, list[int]]]) -> None:
         """Prefill the rows that joined this step and sample their first tokens: those whose new
         ids fit one prefill chunk in one packed forward (`DecoderEngine.prefill_rows`), longer
         ones alone in chunks. If the packed forward fails, each row is tried alone, so only a
@@ -428,7 +374,7 @@ class HFGenerator:
         self.work.prefill_s += time.perf_counter() - started
         self.work.prefill_tokens += tokens
 
-    def _refuse(self, active: _Active, exc: Exception) -> None:
+    def _refuse(self, active: Active, exc: Exception) -> None:
         """A joining request that failed: its slot freed, its error delivered."""
         assert self.engine is not None
         if active.row.slot >= 0:
@@ -436,7 +382,7 @@ class HFGenerator:
         error = GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}")
         self._outbox.append((active.request, error))
 
-    def _joined(self, actives: list[_Active], logits: Tensor) -> None:
+    def _joined(self, actives: list[Active], logits: Tensor) -> None:
         """Rows whose prompts are prefilled: they become active and sample their first token."""
         self._active.extend(actives)
         self.batches_run += 1
@@ -473,7 +419,7 @@ class HFGenerator:
         self.work.decode_steps += 1
         self.work.decoded_rows += len(rows)
 
-    def _pick(self, actives: list[_Active], logits: Tensor) -> None:
+    def _pick(self, actives: list[Active], logits: Tensor) -> None:
         """Sample each row's next token; finished rows leave and get their result."""
         finish: list[FinishReason | None] = [None for _ in actives]
         pick_tokens(
@@ -493,7 +439,7 @@ class HFGenerator:
             result = Generation(active.sampled, active.logprobs, reason)
             self._outbox.append((active.request, result))
 
-    def _leave(self, active: _Active, *, retain: bool) -> None:
+    def _leave(self, active: Active, *, retain: bool) -> None:
         """Free the row's slot; keep its cache for the rollout's next turn if `retain`."""
         assert self.engine is not None
         self._active.remove(active)
@@ -502,14 +448,14 @@ class HFGenerator:
             row = active.row
             self.cache.retain(row.ids, row.entry, row.n_prefix, own)
 
-    def _serve_static(self, batch: list[_Request]) -> None:
+    def _serve_static(self, batch: list[Request]) -> None:
         """The reference path: one static batch, each request retried alone if it fails."""
         if not batch:
             return
         for request, outcome in zip(batch, self._serve(batch), strict=True):
-            _deliver(request, outcome)
+            deliver(request, outcome)
 
-    def _serve(self, batch: list[_Request]) -> list[Generation | GeneratorError]:
+    def _serve(self, batch: list[Request]) -> list[Generation | GeneratorError]:
         """The batch at once; if that fails, each request alone."""
         try:
             return list(self._sample_batch(batch))
@@ -518,9 +464,9 @@ class HFGenerator:
                 return [GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}")]
         return [outcome for request in batch for outcome in self._serve([request])]
 
-    def _sample_batch(self, batch: list[_Request]) -> list[Generation]:
+    def _sample_batch(self, batch: list[Request]) -> list[Generation]:
         listing = ModelListing.of(self.policy.model)
-        with self._model_lock, _sampling_mode(listing, self.torch_threads):
+        with self._model_lock, sampling_mode(listing, self.torch_threads):
             generations = sample_batch(
                 self.policy.model,
                 [request.prompt_token_ids for request in batch],
@@ -532,49 +478,6 @@ class HFGenerator:
         self.requests_served += len(batch)
         self.tokens_generated += sum(len(g.token_ids) for g in generations)
         return generations
-
-
-@dataclass(frozen=True)
-class ModelListing:
-    """A model's modules and parameters, listed once and reused for every decode step of a
-    burst: walking them costs about what a fifth of a step does (SmolLM2-135M with LoRA: 2,499
-    modules and 692 parameters, 3 ms to list the modules, 4 ms the parameters, 6 ms to set
-    their training flags through `nn.Module.__setattr__`, against well under 1 ms from the
-    lists). The generator lists again when a burst of work starts (no row active: the learner
-    may have trained or replaced weights since) and after `load_adapter`."""
-
-    modules: tuple[Any, ...]
-    parameters: tuple[Tensor, ...]
-
-    @classmethod
-    def of(cls, model: Any) -> ModelListing:
-        return cls(tuple(model.modules()), tuple(model.parameters()))
-
-    def fingerprint(self) -> tuple[tuple[int, int], ...]:
-        """Each parameter's storage address and in-place version: any weight update (an
-        optimiser step, a copy into it, its `.data` rebound) changes it."""
-        return tuple((p.data_ptr(), p._version) for p in self.parameters)
-
-
-@contextlib.contextmanager
-def _sampling_mode(listing: ModelListing, threads: int | None) -> Iterator[None]:
-    """Eval mode (every module's training flag off), no grad and `threads` torch threads while
-    sampling; restored after (the learner, which trains this same model between rollouts,
-    keeps its own mode and thread count). The flags are set directly, as `Module.train` sets
-    them, without its recursion and per-module `__setattr__`."""
-    training = [module for module in listing.modules if module.training]
-    before = torch.get_num_threads()
-    for module in training:
-        object.__setattr__(module, "training", False)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        torch.set_num_threads(before)
-        for module in training:
-            object.__setattr__(module, "training", True)
 
 
 def kv_cache_budget_mb(device: torch.device) -> float:
@@ -590,18 +493,3 @@ def _pad_token_id(policy: Policy) -> int:
     pad = getattr(policy.tokenizer, "pad_token_id", None)
     pad = getattr(policy.tokenizer, "eos_token_id", None) if pad is None else pad
     return int(pad) if pad is not None else 0
-
-
-def _deliver(request: _Request, outcome: Generation | Exception) -> None:
-    """Complete the request's future on its own event loop (from the worker thread)."""
-
-    def settle() -> None:
-        if request.future.done():
-            return
-        if isinstance(outcome, Exception):
-            request.future.set_exception(outcome)
-        else:
-            request.future.set_result(outcome)
-
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-        request.loop.call_soon_threadsafe(settle)

@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from loop.config_types import one_line
-from loop.generators.base import FinishReason, Generation, GeneratorError, SamplingParams
+from loop.generators.base import (
+    FinishReason,
+    Generation,
+    GeneratorError,
+    GeneratorStats,
+    SamplingParams,
+)
 from loop.generators.vllm.launch_env import launcher_free_environ
 from loop.generators.vllm.lifeline import Lifeline, child_pids
 
@@ -175,6 +181,10 @@ class VLLMGenerator:
         self._lora_request = LoRARequest(
             lora_name=f"adapter-{adapter_id}", lora_int_id=adapter_id, lora_path=str(path)
         )
+
+    def stats(self) -> GeneratorStats:
+        """No counters: vLLM's engine keeps its own."""
+        return GeneratorStats()
 
     def release_memory(self) -> None:
         """Nothing to free: the engine's memory is its own, sized by gpu_memory_utilization."""

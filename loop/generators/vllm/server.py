@@ -48,7 +48,7 @@ from pathlib import Path
 
 import httpx
 
-from loop.generators.base import Generation, GeneratorError, SamplingParams
+from loop.generators.base import Generation, GeneratorError, GeneratorStats, SamplingParams
 from loop.generators.openai import OpenAIGenerator, server_message
 from loop.generators.vllm.process import ServerProcess, healthy
 from loop.generators.vllm.routing import PrefixRouter
@@ -193,6 +193,10 @@ class VLLMServerGenerator:
         """Seconds so far that a server had no request in flight, the mean over the servers
         (the trainer logs each iteration's share: `time/server_idle_*`)."""
         return sum(server.idle_seconds() for server in self.servers) / len(self.servers)
+
+    def stats(self) -> GeneratorStats:
+        """The servers' idle time so far (`idle_seconds`)."""
+        return GeneratorStats(server_idle_s=self.idle_seconds())
 
     def load_adapter(self, path: Path | None) -> None:
         """Publish the adapter in `path` (None: the base weights) as a new version on every
