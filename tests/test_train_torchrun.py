@@ -8,7 +8,8 @@ before and after) or the in-process engine (`vllm`). Rollouts through vLLM, lear
 ranks, the adapter published to vLLM after each iteration, a checkpoint each iteration. The first
 launch is SIGKILLed (its whole process group, as a scheduler would) once the first checkpoint is
 written; every process it started dies with it (the server too, though it runs in a session of
-its own); the same command then resumes from it and finishes.
+its own); the same command then resumes from it and finishes. The `vllm` case is also the
+in-process backend's train.py run end to end (tests/test_train_cli.py runs the `hf` one).
 
 Run: python -m pytest tests/test_train_torchrun.py -q      (`slow`: about 15 minutes on 2 cores)
 """
@@ -138,3 +139,6 @@ def test_two_learners_train_are_killed_and_resume(tmp_path: Path, backend: str) 
         # after the resume vLLM samples with the restored adapter that the learner trains
         assert record["recompute/abs_logprob_diff_mean"] < 1e-3, record
     assert (run_dir / "checkpoints" / "iter-2" / "trainer_state.pt").is_file()
+    # the adapter handed to vLLM after the last iteration (the server's, or the in-process
+    # engine's: this case is also the in-process backend's train.py run end to end)
+    assert (run_dir / "adapter-sync" / "iter-2" / "adapter_model.safetensors").is_file()

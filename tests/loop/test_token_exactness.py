@@ -5,6 +5,9 @@ For the `hf` and `vllm` generators alike, on real multi-turn rollouts:
 - decoding each output span gives that turn's assistant message;
 - `is_output` marks exactly the sampled ids: no environment or template token is marked;
 - the sampler's log-probs agree with the learner's recomputation over the whole trajectory.
+The `hf` case runs here; the `vllm` case runs on the engine tests/loop/test_vllm_generator.py
+starts for its module (`test_rollouts_are_token_exact` there), so that one engine start serves
+both.
 Run: python -m pytest tests/loop/test_token_exactness.py -s     (slow; -s prints the max diffs)
 """
 
@@ -20,8 +23,7 @@ import torch
 from loop.config import AgentConfig
 from loop.generators.base import Generation, Generator, SamplingParams
 from loop.learner.logprobs import token_logprobs
-from loop.model.aliases import resolve_model
-from loop.model.policy import Policy, load_policy
+from loop.model.policy import Policy
 from loop.rollout.agent import run_episode
 from loop.rollout.prompt import worked_example
 from sandbox import KernelPool
@@ -45,27 +47,13 @@ class Recording:
         return await self.inner.generate(prompt_token_ids, params, messages=messages)
 
 
-@pytest.fixture(scope="module")
-def policy() -> Policy:
-    return load_policy(resolve_model("smollm2-135m"))
-
-
-def make_generator(backend: str, policy: Policy) -> Generator:
-    if backend == "hf":
-        from loop.generators.hf.generator import HFGenerator
-
-        return HFGenerator(policy, max_batch_size=4)
-    from loop.generators.vllm.inprocess import VLLMGenerator
-
-    return VLLMGenerator(resolve_model("smollm2-135m"), max_model_len=4096, seed=1)
-
-
-def roll_out(backend: str, policy: Policy, n_tasks: int) -> list[tuple[Any, Recording]]:
-    """Rollouts and the generator's shutdown in one event loop (vLLM binds to its first)."""
+async def roll_out(
+    generator: Generator, tokenizer: Any, n_tasks: int
+) -> list[tuple[Any, Recording]]:
+    """`n_tasks` train tasks rolled out concurrently with `generator`, each prompt recorded."""
     suite = get_suite("apptown")
-    tokenizer = policy.tokenizer
 
-    async def one(generator: Generator, task: Any, pool: KernelPool) -> tuple[Any, Recording]:
+    async def one(task: Any, pool: KernelPool) -> tuple[Any, Recording]:
         recording = Recording(generator)
         sandbox = await pool.acquire_async()
         try:
@@ -78,24 +66,15 @@ def roll_out(backend: str, policy: Policy, n_tasks: int) -> list[tuple[Any, Reco
             await pool.release_async(sandbox)
         return traj, recording
 
-    async def all_of_them() -> list[tuple[Any, Recording]]:
-        generator = make_generator(backend, policy)
-        try:
-            with KernelPool(size=2, timeout_s=10) as pool:
-                tasks = suite.tasks("train")[:n_tasks]
-                return list(await asyncio.gather(*(one(generator, t, pool) for t in tasks)))
-        finally:
-            await generator.close()
-
-    return asyncio.run(all_of_them())
+    with KernelPool(size=2, timeout_s=10) as pool:
+        tasks = suite.tasks("train")[:n_tasks]
+        return list(await asyncio.gather(*(one(t, pool) for t in tasks)))
 
 
-@pytest.mark.parametrize("backend", ["hf", "vllm"])
-def test_rollouts_are_token_exact(backend: str, policy: Policy) -> None:
-    tokenizer = policy.tokenizer
-    if backend == "vllm":
-        torch.set_num_threads(1)  # the engine's worker pins the cores; the learner must share
-    results = roll_out(backend, policy, n_tasks=2)
+def assert_token_exact(
+    backend: str, results: list[tuple[Any, Recording]], tokenizer: Any, model: Any
+) -> None:
+    """The rollouts' prompts, spans, output mask and sampler log-probs, against `model`'s."""
     template_ids = {tokenizer.convert_tokens_to_ids("<|im_start|>")}
     max_diff = 0.0
     for traj, recording in results:
@@ -113,8 +92,22 @@ def test_rollouts_are_token_exact(backend: str, policy: Policy) -> None:
         unmarked = (i for i in range(len(traj.tokens)) if i not in sampled)
         assert all(math.isnan(traj.sampler_logprobs[i]) for i in unmarked)
         with torch.no_grad():
-            learner = token_logprobs(policy.model, torch.tensor([traj.tokens]))[0]
+            learner = token_logprobs(model, torch.tensor([traj.tokens]))[0]
         diffs = [abs(learner[i].item() - traj.sampler_logprobs[i]) for i in sorted(sampled)]
         max_diff = max(max_diff, *diffs)
     print(f"\n{backend}: sampler vs learner log-prob max abs diff {max_diff:.2e}")
     assert max_diff < TOLERANCE[backend], max_diff
+
+
+def test_hf_rollouts_are_token_exact(smollm2_policy: Policy) -> None:
+    from loop.generators.hf.generator import HFGenerator
+
+    async def rolled_out() -> list[tuple[Any, Recording]]:
+        generator = HFGenerator(smollm2_policy, max_batch_size=4)
+        try:
+            return await roll_out(generator, smollm2_policy.tokenizer, n_tasks=2)
+        finally:
+            await generator.close()
+
+    results = asyncio.run(rolled_out())
+    assert_token_exact("hf", results, smollm2_policy.tokenizer, smollm2_policy.model)

@@ -1,10 +1,11 @@
 """`VLLMGenerator` (loop/generators/vllm/inprocess.py) with the real vLLM CPU engine
 and SmolLM2-135M.
 
-One engine (LoRA enabled, float32) serves the whole module: start-up takes about half a
-minute here. The tests share one event loop for the same reason (the engine's output handler
-lives on the loop of its first request), and the last test closes the engine and checks that
-no vLLM process or thread is left.
+One engine (LoRA enabled, float32) serves the whole module, token exactness on real
+multi-turn rollouts included (tests/loop/test_token_exactness.py's checks): start-up takes
+about half a minute here. The tests share one event loop for the same reason (the engine's
+output handler lives on the loop of its first request), and the last test closes the engine
+and checks that no vLLM process or thread is left.
 
 Run: python -m pytest tests/loop/test_vllm_generator.py -q -s   (-s prints the timings and
 the vLLM-vs-transformers log-prob differences; every test here is `slow`)
@@ -149,6 +150,19 @@ async def test_sampled_logprobs_agree_with_transformers(generator, tokenizer, hf
         worst = max(worst, gap)
     print(f"\nvLLM vs transformers sampled-token log-probs: max |diff| = {worst:.2e}")
     assert worst < 1e-3, worst
+
+
+async def test_rollouts_are_token_exact(generator, tokenizer, hf_model, before_engine) -> None:
+    """tests/loop/test_token_exactness.py's checks on this engine (base weights): real
+    multi-turn app-world rollouts, token in, token out."""
+    from tests.loop.test_token_exactness import assert_token_exact, roll_out
+
+    threads = {thread.ident for thread in threading.enumerate()}
+    results = await roll_out(generator, tokenizer, n_tasks=2)
+    # the sandbox side's threads (its process-wide pools, this loop's executor) are not the
+    # engine's: the last test's check of what close() leaves behind passes over them
+    before_engine[0].update({t.ident for t in threading.enumerate()} - threads)
+    assert_token_exact("vllm", results, tokenizer, hf_model)
 
 
 def save_random_lora(base_model, path: Path, seed: int):
