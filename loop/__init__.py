@@ -6,7 +6,7 @@ there imports from here.
     rollout/     episodes and their concurrent collection, the task sampler (no torch)
     learner/     what trains the model: samples, chunked log-probs, minibatch steps, value head
     model/       the one model copy: aliases, loading with LoRA, FSDP2, checkpoints
-    generators/  sampling backends (hf, vllm, openai, scripted) and weight publication to them
+    generators/  sampling backends (hf, vllm_server, openai, scripted), weight publication to them
     run/         what a run writes and reads back (no torch at import)
     inspect/     behaviour metrics, terminal tables and the HTML report (`python -m loop.inspect`)
 

@@ -3,8 +3,8 @@
 Components take plain arguments (STYLE.md habit 5); only this module reads the config to build
 them, and only the two CLIs import it: `build_training` makes the `TrainParts` that
 `loop.trainer.train` runs on, `build_evaluation` the `EvalParts` of `loop.evaluation.evaluate`.
-The `hf` backend loads the policy model (and samples with that very object); `vllm` and
-`openai` need only the tokenizer on our side, so no second copy of the weights is loaded.
+The `hf` backend loads the policy model (and samples with that very object); `vllm_server`
+and `openai` need only the tokenizer on our side, so no second copy of the weights is loaded.
 """
 
 from __future__ import annotations
@@ -209,26 +209,6 @@ def _hf_generator(
     )
 
 
-def _vllm_generator(
-    config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
-) -> Generator:
-    """An in-process vLLM engine for the config's model, with LoRA slots when adapters will
-    come."""
-    from loop.generators.vllm.inprocess import VLLMGenerator
-
-    return VLLMGenerator(
-        resolve_model(config.model.name),
-        dtype=config.model.dtype,
-        max_model_len=config.generator.max_model_len,
-        gpu_memory_utilization=config.generator.gpu_memory_utilization,
-        enable_lora=enable_lora,
-        max_lora_rank=max(config.model.lora_rank, 1),
-        seed=config.seed,
-        tensor_parallel_size=config.generator.tensor_parallel_size,
-        devices=config.generator.devices,
-    )
-
-
 def _vllm_server_generator(
     config: RunConfig, policy: Policy | None, tokenizer: Any, *, enable_lora: bool
 ) -> Generator:
@@ -289,7 +269,6 @@ class _Builder(Protocol):
 # backend shares the learner's weights, the tokenizer, and LoRA slots when adapters will come.
 BUILDERS: dict[str, _Builder] = {
     "hf": _hf_generator,
-    "vllm": _vllm_generator,
     "vllm_server": _vllm_server_generator,
     "openai": _openai_generator,
 }
@@ -300,7 +279,7 @@ def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -
     sampling distribution, prefix caching, LoRA slots for the current and the previous version
     (and the S before it that groups collected ahead may still sample,
     `train.overlap.max_staleness`)."""
-    from loop.generators.vllm.inprocess import stale_gguf_override, whole_prompts
+    from loop.generators.vllm.process import stale_gguf_override, whole_prompts
 
     settings = config.generator
     model = resolve_model(config.model.name)

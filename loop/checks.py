@@ -46,7 +46,6 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("hf", trains=True, shares_weights=True),
-        Backend("vllm", trains=True, several_learners=True),
         Backend(
             "vllm_server",
             trains=True,
@@ -65,7 +64,7 @@ def backend(config: RunConfig) -> Backend:
 
 
 def having(capability: Callable[[Backend], bool]) -> str:
-    """The backends with `capability`, as a refusal names them: "vllm or vllm_server"."""
+    """The backends with `capability`, as a refusal names them: "hf or vllm_server"."""
     names = [b.name for b in BACKENDS.values() if capability(b)]
     return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 

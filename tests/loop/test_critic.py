@@ -308,12 +308,13 @@ def test_value_range_clamps_the_predictions() -> None:
 def test_value_head_and_memory_window_refuse_several_learner_processes() -> None:
     from loop.checks import check_run
 
-    vllm = "generator.backend=vllm"  # several processes need it; the check under test comes after
+    # several processes need it; the check under test comes after
+    servers = "generator.backend=vllm_server"
     check_run(load_config(None, ["train.advantage=gae"]), 1)
     with pytest.raises(ConfigError, match=r"^train\.advantage gae: one learner process only$"):
-        check_run(load_config(None, ["train.advantage=gae", vllm]), 4)
+        check_run(load_config(None, ["train.advantage=gae", servers]), 4)
     with pytest.raises(ConfigError, match=r"^agent\.memory_turns: one learner process only$"):
-        check_run(load_config(None, ["agent.memory_turns=2", vllm]), 4)
+        check_run(load_config(None, ["agent.memory_turns=2", servers]), 4)
 
 
 def test_the_value_head_creates_no_vocabulary_sized_tensor() -> None:

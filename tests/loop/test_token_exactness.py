@@ -1,12 +1,12 @@
 """Token in, token out with real backends: SmolLM2 playing real app-world tasks for a few turns.
 
-For the `hf` and `vllm` generators alike, on real multi-turn rollouts:
+For the `hf` and `vllm_server` generators alike, on real multi-turn rollouts:
 - each generate call's prompt equals the trajectory prefix at that point;
 - decoding each output span gives that turn's assistant message;
 - `is_output` marks exactly the sampled ids: no environment or template token is marked;
 - the sampler's log-probs agree with the learner's recomputation over the whole trajectory.
-The `hf` case runs here; the `vllm` case runs on the engine tests/loop/test_vllm_generator.py
-starts for its module (`test_rollouts_are_token_exact` there), so that one engine start serves
+The `hf` case runs here; the `vllm_server` case runs on the server tests/loop/test_vllm_server.py
+starts for its module (`test_rollouts_are_token_exact` there), so that one server start serves
 both.
 Run: python -m pytest tests/loop/test_token_exactness.py -s     (slow; -s prints the max diffs)
 """
@@ -31,7 +31,7 @@ from tasks import get_suite
 
 pytestmark = pytest.mark.slow
 SETTINGS = AgentConfig(max_turns=3, max_new_tokens=40, max_context_tokens=4096, temperature=1.0)
-TOLERANCE = {"hf": 1e-3, "vllm": 1e-3}  # float32, same weights: measured about 3e-5 for both
+TOLERANCE = {"hf": 1e-3, "vllm_server": 1e-3}  # float32, same weights: about 3e-5 measured
 
 
 class Recording:

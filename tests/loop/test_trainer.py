@@ -311,10 +311,12 @@ def test_training_refuses_settings_the_learner_cannot_match() -> None:
                                "generator.served_model=m"]), 1,
         )  # fmt: skip
     with pytest.raises(ConfigError, match="multiple of the 3 learner processes"):
-        check_run(load_config(None, ["generator.backend=vllm"]), 3)
+        check_run(load_config(None, ["generator.backend=vllm_server"]), 3)
     with pytest.raises(ConfigError, match=r"old_logprobs sampler .* needs generator.backend hf"):
         check_run(
-            load_config(None, ["train.off_policy.old_logprobs=sampler", "generator.backend=vllm"]),
+            load_config(
+                None, ["train.off_policy.old_logprobs=sampler", "generator.backend=vllm_server"]
+            ),
             1,
         )
     with pytest.raises(ConfigError, match=r"old_logprobs sampler .* model.dtype float32"):

@@ -1,12 +1,14 @@
 """`loop.generators.vllm.server.VLLMServerGenerator` with a real vLLM CPU server (SmolLM2-135M).
 
-One server, started once for the module (about a minute here), with LoRA slots: versions
-published under their own names sample differently, the server's log-probs of a rollout equal
-peft's after publication, a version's prefix-cache blocks are never reused by another, a second
-client attaches by URL, a server killed mid-iteration costs only the requests it had in flight
-and comes back with the current adapter, and close() leaves no process. Routing between
-servers is worked by hand in test_routing.py; the whole trainer under torchrun with this backend
-in tests/test_train_torchrun.py.
+One server, started once for the module (about a minute here), with LoRA slots: real
+multi-turn app-world rollouts through it are token exact (tests/loop/test_token_exactness.py's
+checks, base weights), versions published under their own names sample differently, the
+server's log-probs of a rollout equal peft's after publication, a version's prefix-cache
+blocks are never reused by another, a second client attaches by URL, a server killed
+mid-iteration costs only the requests it had in flight and comes back with the current
+adapter, and close() leaves no process. Routing between servers is worked by hand in
+test_routing.py; the whole trainer under torchrun with this backend in
+tests/test_train_torchrun.py.
 
 Run: python -m pytest tests/loop/test_vllm_server.py -q -s     (`slow`)
 """
@@ -14,11 +16,12 @@ Run: python -m pytest tests/loop/test_vllm_server.py -q -s     (`slow`)
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib.util
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -26,21 +29,11 @@ import pytest
 import pytest_asyncio
 import torch
 
-from loop.generators.base import GeneratorError, SamplingParams
+from loop.generators.base import Generation, GeneratorError, SamplingParams
 from loop.generators.vllm.process import ServerProcess
+from loop.model.aliases import resolve_model
 from tests.loop.conftest import chat_prompt_ids
 from tests.loop.test_server_process import running
-from tests.loop.test_vllm_generator import (  # noqa: F401  (module fixtures)
-    IM_END,
-    QUESTIONS,
-    greedy,
-    hf_model,
-    model_dir,
-    one_torch_thread,
-    recomputed_logprobs,
-    save_random_lora,
-    tokenizer,
-)
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,10 +48,69 @@ ARGS = [
     "--generation-config", "vllm", "--enforce-eager", "--seed", "0",
     "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--enable-prompt-tokens-details",
 ]  # fmt: skip
+IM_END = 2  # SmolLM2's <|im_end|>: the end of an assistant turn
+QUESTIONS = ["Say hi.", "What is 2 + 3?", "Name a colour.", "Write a haiku about tea."]
+
+
+def greedy(max_new_tokens: int = 24) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=(IM_END,))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Torch in this process gets one thread: the server's engine spins on a core of its own,
+    and two torch threads contending with it make a SmolLM2 forward pass ~10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir: str):
+    """The same weights in plain transformers, float32, for recomputing log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def recomputed_logprobs(model, prompt: list[int], generation: Generation, temperature: float):
+    """log_softmax(logits / T) of the full vocabulary at each output position, gathered."""
+    ids = torch.tensor([prompt + generation.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)  # greedy: T=1
+    return logprobs.gather(-1, torch.tensor(generation.token_ids)[:, None])[:, 0]
+
+
+def save_random_lora(base_model, path: Path, seed: int):
+    """A rank-8 LoRA on q/v with random (non-zero) A and B on a copy of `base_model`, saved
+    with peft; returns the peft model."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    lora_model = get_peft_model(copy.deepcopy(base_model), config).eval()
+    lora_model.save_pretrained(path)
+    return lora_model
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def generator(model_dir: str, tmp_path_factory) -> AsyncIterator:  # noqa: F811
+async def generator(model_dir: str, tmp_path_factory) -> AsyncIterator:
     from loop.generators.vllm.server import VLLMServerGenerator
 
     logs = tmp_path_factory.mktemp("servers")
@@ -77,10 +129,20 @@ def served_models(generator) -> set[str]:
     return {entry["id"] for entry in body["data"]}
 
 
+async def test_rollouts_are_token_exact(generator, tokenizer, hf_model) -> None:
+    """tests/loop/test_token_exactness.py's checks through the server (base weights: runs
+    before any adapter is published): real multi-turn app-world rollouts, token in, token out."""
+    from tests.loop.test_token_exactness import assert_token_exact, roll_out
+
+    results = await roll_out(generator, tokenizer, n_tasks=2)
+    assert all(turn.adapter_version == "base" for traj, _ in results for turn in traj.turns)
+    assert_token_exact("vllm_server", results, tokenizer, hf_model)
+
+
 async def test_versions_sample_under_their_own_names_and_match_peft(
     generator,
-    tokenizer,  # noqa: F811
-    hf_model,  # noqa: F811
+    tokenizer,
+    hf_model,
     tmp_path: Path,
 ) -> None:
     prompt = chat_prompt_ids(tokenizer, QUESTIONS[2])
@@ -111,7 +173,7 @@ async def test_versions_sample_under_their_own_names_and_match_peft(
 
 async def test_a_bad_adapter_is_refused_in_one_line_and_the_servers_keep_serving(
     generator,
-    tokenizer,  # noqa: F811
+    tokenizer,
     tmp_path: Path,
 ) -> None:
     current = generator.current
@@ -125,7 +187,7 @@ async def test_a_bad_adapter_is_refused_in_one_line_and_the_servers_keep_serving
 
 async def test_a_version_never_reuses_another_versions_cached_prefix(
     generator,
-    tokenizer,  # noqa: F811
+    tokenizer,
 ) -> None:
     """The same prompt under the same version hits the prefix cache; under a new version of
     the same files (a new name and cache salt) nothing is reused, though the tokens match."""
@@ -141,7 +203,7 @@ async def test_a_version_never_reuses_another_versions_cached_prefix(
 
 async def test_a_client_attaches_by_url_and_leaves_the_server_running(
     generator,
-    tokenizer,  # noqa: F811
+    tokenizer,
 ) -> None:
     from loop.generators.vllm.server import VLLMServerGenerator
 
@@ -158,7 +220,7 @@ async def test_a_client_attaches_by_url_and_leaves_the_server_running(
 
 async def test_a_server_killed_mid_iteration_costs_its_requests_and_comes_back(
     generator,
-    tokenizer,  # noqa: F811
+    tokenizer,
 ) -> None:
     version = generator.current
     server = generator.servers[0]

@@ -2,7 +2,7 @@
 
 Under `torchrun` (or `accelerate launch`) every learner process carries the launcher's
 variables: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`/`MASTER_PORT`, `TORCHELASTIC_USE_AGENT_STORE`
-and more. A vLLM engine started by rank 0 spawns its own processes, which inherit them; they
+and more. A vLLM server started by rank 0 spawns its own processes, which inherit them; they
 then rendezvous with each other over `tcp://`, and with `TORCHELASTIC_USE_AGENT_STORE=True`
 torch makes that rendezvous a client of the launcher's store, which serves nobody at that
 address: start-up hangs until the store's timeout (reproduced on CPU with gloo in
@@ -11,17 +11,13 @@ variables before it starts its servers). `PYTORCH_CUDA_ALLOC_CONF` tuned for the
 dropped too, and `CUDA_VISIBLE_DEVICES` is set to the engine's own GPUs when given, so its
 tensor-parallel workers do not land on the learners' devices.
 
-    with launcher_free_environ(devices=[4, 5, 6, 7]):
-        engine = AsyncLLM.from_engine_args(...)     # its processes start clean
-
-`os.environ` is restored on exit; processes started inside keep the clean copy.
+    env = launcher_free(os.environ, devices=[4, 5, 6, 7])
+    subprocess.Popen(server_command, env=env)     # the server and its processes start clean
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 # What torchrun, torch elastic and accelerate set for the processes they launch.
 LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "MASTER_", "GROUP_", "ROLE_", "ACCELERATE_")
@@ -44,16 +40,3 @@ def launcher_free(env: Mapping[str, str], devices: Sequence[int] | None = None) 
     elif "CUDA_VISIBLE_DEVICES" in env:  # no list of its own: the devices this process sees
         clean["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     return clean
-
-
-@contextlib.contextmanager
-def launcher_free_environ(devices: Sequence[int] | None = None) -> Iterator[None]:
-    """`os.environ` as `launcher_free` makes it while the block runs; restored after."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(launcher_free(saved, devices))
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)

@@ -1,19 +1,20 @@
 """Child processes that end when this process ends, even by SIGKILL.
 
-An in-process vLLM engine runs in processes this one starts (the engine core, its workers).
-When this process exits normally the engine is closed; when it is killed (SIGKILL, the OOM
-killer, a scheduler ending a job), nothing closes it, and its processes live on as orphans
+A vLLM server runs in processes this one starts (the server, its engine core, its workers).
+When this process exits normally the server is stopped; when it is killed (SIGKILL, the OOM
+killer, a scheduler ending a job), nothing stops it, and its processes live on as orphans
 holding the model and the KV cache (a 10 GB worker, seen after a SIGKILLed torchrun run).
 `Lifeline` watches for that: a small watcher process that the kernel signals when this process
 dies (PR_SET_PDEATHSIG, Linux; when made by the main thread) or that sees itself reparented
 (checked twice a second), and that then kills the given processes and everything under them.
-`release()` stands it down after a normal close.
+`release()` stands it down after a normal stop.
 
-    before = child_pids()
-    engine = start_engine()
-    lifeline = Lifeline(child_pids() - before)   # the processes the engine started
+    process = subprocess.Popen(server_command, start_new_session=True)
+    lifeline = Lifeline([process.pid])   # the server and everything it starts
     ...
-    engine.shutdown(); lifeline.release()
+    stop(process); lifeline.release()
+
+`child_pids` lists a process's children (from /proc).
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ package's name), which it starts here or finds at a given URL. What a started se
   ends, however it ends (Ctrl-C, an exception, SIGKILL), the server and its engine end too;
 - its output in a log file; a start-up failure is one line naming the cause found there (the
   port taken, the model missing, out of memory) and the log's path.
+Two of its arguments are worked out here, for loop/build.py's `vllm_server_args`: on CPU no
+prompt split across engine steps (`whole_prompts`), and a converted model's stale GGUF
+`quantization_config` hidden (`stale_gguf_override`).
 
     server = ServerProcess(["--model", path, ...], port=0, log_path=run / "servers/0.log")
     server.start(timeout_s=600)          # returns once GET /health answers 200
@@ -22,6 +25,8 @@ package's name), which it starts here or finds at a given URL. What a started se
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import re
 import signal
@@ -31,12 +36,15 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from loop.generators.base import GeneratorError
 from loop.generators.vllm.launch_env import launcher_free
 from loop.generators.vllm.lifeline import Lifeline
+
+log = logging.getLogger(__name__)
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HOST = "127.0.0.1"  # loopback only: the server has no authentication
@@ -209,3 +217,36 @@ def free_port() -> int:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def stale_gguf_override(model: str) -> dict[str, Any]:
+    """Hide a GGUF `quantization_config` left in a converted model's config.json.
+
+    A directory converted from GGUF (e.g. an early `smollm2-135m` cache) holds dequantised
+    safetensors but may still declare `quant_method: gguf`, which vLLM refuses. Only when the
+    directory has no .gguf file is the key overridden away; anything else is left to vLLM.
+    """
+    directory = Path(model)
+    config_file = directory / "config.json"
+    if not config_file.is_file() or any(directory.glob("*.gguf")):
+        return {}
+    try:
+        quantization = json.loads(config_file.read_text()).get("quantization_config")
+    except (ValueError, AttributeError):  # not a JSON object: vLLM will say so
+        return {}
+    if not isinstance(quantization, dict) or quantization.get("quant_method") != "gguf":
+        return {}
+    log.warning("%s: ignoring a stale GGUF quantization_config (weights are safetensors)", model)
+    return {"hf_overrides": {"quantization_config": None}}
+
+
+def whole_prompts(max_model_len: int) -> dict[str, Any]:
+    """Engine settings of vLLM's CPU build: no prompt's prefill split across engine steps.
+
+    A split prefill discards the sample of its partial step and rewinds the request's seeded
+    generator (`set_offset`), which a CPU `torch.Generator` does not support: the step fails
+    ("CPU Generator does not use offset") and with it every request in the batch, which the
+    trainer's seeded rollouts hit as soon as enough of them arrive together. vLLM makes the
+    same change on CPU itself for MLA models (vllm/platforms/cpu.py): chunked prefill off, and
+    a step budget that holds the longest prompt."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 2048)}
