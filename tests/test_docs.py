@@ -68,7 +68,6 @@ def test_readme_paragraphs_and_sentences_are_short() -> None:
     assert not long, f"sentences over {MAX_SENTENCE_WORDS} words: {long}"
 
 
-@pytest.mark.xfail(strict=True, reason="README.md awaits the report of a main job at this commit")
 def test_readme_shows_the_main_jobs_literal_report() -> None:
     blocks = FENCE.findall(README.read_text())
     reports = [b.splitlines() for b in blocks if HEADER.search(b.split("\n", 1)[0])]
