@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # as its subprocess: under load it outgrew 300 s (a vLLM server starts)
 def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
     sections = ["env", "sdpa", "learner", "prefix", "logprobs", "engine", "parity", "server"]
     sections.append("skipped")
