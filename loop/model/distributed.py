@@ -360,7 +360,20 @@ def _broadcast_trainable(model: nn.Module) -> None:
                 dist.broadcast(param.data, src=0)
 
 
+def use_device(device: torch.device) -> None:
+    """Make `device` this thread's current CUDA device (nothing for a CPU device).
+
+    CUDA's current device is per thread: a worker thread (the overlap's learner, run by
+    loop/rollout/ahead.py `off_loop`) starts on cuda:0 whatever the process set, so on ranks
+    1.. its index-less tensors and nccl's object collectives would land on another rank's GPU.
+    The learner's entry point calls this first (loop/learner/update.py)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def _device() -> torch.device:
+    """Where collective tensors go: this process's GPU (`LOCAL_RANK`, as `init_from_env` chose
+    it, not the calling thread's current device), or the CPU under gloo."""
     if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
