@@ -13,6 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
+import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ from loop.parts import TrainParts
 from loop.rollout.collect import SandboxPool
 from sandbox import KernelPool
 from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +74,7 @@ def suite_options(config: RunConfig) -> dict[str, Any]:
 def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalParts:
     """The suite (splits checked), the generator with `checkpoint` applied, and a sandbox pool
     sized for `eval.max_concurrent_rollouts` (not entered yet)."""
+    raise_open_file_limit()
     suite = build_suite(config)
     check_splits(config, suite, training=False)
     generator, tokenizer = build_generator(config, checkpoint)
@@ -85,6 +90,22 @@ def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
         max_output_chars=config.sandbox.max_output_chars,
         limits=sandbox_limits(config),
     )
+
+
+def raise_open_file_limit() -> None:
+    """Raise this process's soft open-file limit (RLIMIT_NOFILE) to its hard limit, as vLLM's
+    entry point does. Each warm sandbox holds about a dozen descriptors (its pipes, the bridge,
+    its scratch files) and a large run keeps hundreds alive (sandbox.pool_size 256 in
+    configs/qwen2.5-32b-8gpu.yaml) beside the servers' connections, past the 1,024 a node's
+    soft `ulimit -n` often is: sandbox starts would fail with EMFILE. Children (the kernels,
+    the servers) inherit the raised limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:  # e.g. macOS, whose hard limit may be unlimited
+        log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
 
 
 def build_tokenizer(config: RunConfig) -> Any:
@@ -133,6 +154,7 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     from loop.model import distributed
     from loop.model.policy import LoraSettings, load_policy
 
+    raise_open_file_limit()
     distributed.init_from_env(  # under torchrun / accelerate launch; before the model loads
         collective_timeout_s=config.train.collective_timeout_s,
         wait_timeout_s=config.train.rollout_wait_timeout_s,
