@@ -95,10 +95,11 @@ class GeneratorConfig:
     tensor_parallel_size: int = doc(1, "vllm_server: GPUs one server spans")
     devices: list[int] = doc_factory(
         list,
-        "vllm_server: the GPUs of the servers' processes (CUDA_VISIBLE_DEVICES for them; [] = "
-        "those the trainer sees), tensor_parallel_size per server; with several learner "
-        "processes they must not be the learners' GPUs 0..n-1. On CPU: the cores the servers' "
-        "threads are bound to, split evenly between them",
+        "vllm_server: the GPUs of the servers' processes (indices among those the trainer "
+        "sees, mapped through an inherited CUDA_VISIBLE_DEVICES; [] = all it sees), "
+        "tensor_parallel_size per server; with several learner processes they must not be "
+        "the GPUs 0..n-1 of rank 0's node's n learners (LOCAL_WORLD_SIZE). On CPU: the cores "
+        "the servers' threads are bound to, split evenly between them",
     )
     num_servers: int = doc(1, "vllm_server: servers to start (when `servers` is empty)")
     servers: list[str] = doc_factory(
