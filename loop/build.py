@@ -151,7 +151,7 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
     import torch
 
-    from loop.model import distributed
+    from loop.model import checkpoint, distributed
     from loop.model.policy import LoraSettings, load_policy
 
     raise_open_file_limit()
@@ -183,6 +183,8 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         gradient_checkpointing=config.model.gradient_checkpointing,
     )
     if distributed.is_distributed():
+        if lora is not None:
+            checkpoint.check_sharded_lora_loads()  # before a run it could not resume
         # FSDP2, lean: every process builds the model on the meta device, rank 0 alone reads
         # the weights (on the CPU) and sends each process its shards.
         policy = load(device=config.model.device, empty=True)

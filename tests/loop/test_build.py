@@ -1,4 +1,5 @@
-"""What `loop.build` sets up around the parts: the process's open-file limit.
+"""What `loop.build` sets up and refuses around the parts: the open-file limit, the peft that
+FSDP2 + LoRA resumes need.
 
 python -m pytest tests/loop/test_build.py -q        (a few seconds)
 """
@@ -51,3 +52,40 @@ def test_build_raises_the_soft_open_file_limit_to_the_hard_one(build: str) -> No
     if low == hard:
         pytest.skip(f"this machine's hard open-file limit is {hard}: nothing to raise")
     assert soft == hard, f"soft open-file limit {soft} left below the hard {hard}"
+
+
+def test_the_peft_floor_loads_lora_into_fsdp2_shards() -> None:
+    """pyproject's peft floor is the version whose `set_peft_model_state_dict` reshards an
+    adapter into DTensor parameters (a LoRA run under FSDP2 resumes through it)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from loop.model.checkpoint import PEFT_DTENSOR, check_sharded_lora_loads
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (peft,) = [Requirement(d) for d in deps if Requirement(d).name == "peft"]
+    floors = [Version(s.version) for s in peft.specifier if s.operator == ">="]
+    assert floors and min(floors) >= Version(PEFT_DTENSOR), f"{peft}: below {PEFT_DTENSOR}"
+    check_sharded_lora_loads()  # the installed versions have it
+
+
+def test_sharded_lora_with_an_old_peft_is_refused_at_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import peft
+
+    import loop.build as build
+    from loop.config import ConfigError, load_config
+    from loop.model import distributed
+
+    config = load_config(None, ["model.lora_rank=8"])
+    monkeypatch.setattr(build, "build_suite", lambda config: None)
+    monkeypatch.setattr(build, "check_splits", lambda *args, **kwargs: None)
+    monkeypatch.setattr(distributed, "init_from_env", lambda **kwargs: True)
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)  # two learners, FSDP2
+    monkeypatch.setattr(peft, "__version__", "0.20.0")
+    old_peft = r"resumes only with peft >= 0\.21\.1 .*found peft 0\.20"
+    with pytest.raises(ConfigError, match=old_peft), build.build_training(config):
+        pass
