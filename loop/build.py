@@ -42,7 +42,7 @@ class EvalParts:
     suite: TaskSuite
     generator: Generator
     tokenizer: Tokenizer
-    pool: KernelPool
+    pool: contextlib.AbstractContextManager[SandboxPool]
 
 
 def build_suite(config: RunConfig) -> TaskSuite:
@@ -79,7 +79,19 @@ def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalP
     check_splits(config, suite, training=False)
     generator, tokenizer = build_generator(config, checkpoint)
     size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
-    return EvalParts(suite, generator, tokenizer, build_pool(config, size=size))
+    return EvalParts(suite, generator, tokenizer, build_sandboxes(config, suite, size))
+
+
+def build_sandboxes(
+    config: RunConfig, suite: TaskSuite, size: int
+) -> contextlib.AbstractContextManager[SandboxPool]:
+    """The pool of `size` sandboxes `suite`'s rollouts run their code in (not entered yet), or
+    none for a suite that runs the agent's code itself (`uses_sandbox` False, AppWorld: its
+    128 idle kernels would hold ~6.6 GiB and ~1,500 descriptors for nothing)."""
+    if suite.uses_sandbox:
+        return build_pool(config, size=size)
+    reason = f"suite {config.suite} runs the agent's code itself: no sandboxes were started"
+    return contextlib.nullcontext(_IdlePool(reason))
 
 
 def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
@@ -196,10 +208,12 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
     generator: Generator = _IdleGenerator()
-    pool: contextlib.AbstractContextManager[SandboxPool] = contextlib.nullcontext(_IdlePool())
+    pool: contextlib.AbstractContextManager[SandboxPool] = contextlib.nullcontext(
+        _IdlePool("only the rank-0 process runs sandboxes")
+    )
     if distributed.is_main():
         generator = _training_generator(config, policy, lora)
-        pool = build_pool(config, size=size)
+        pool = build_sandboxes(config, suite, size)
     try:
         with pool as entered:
             yield TrainParts(policy, generator, policy.tokenizer, suite, entered)
@@ -366,10 +380,14 @@ class _IdleGenerator:
 
 
 class _IdlePool:
-    """The sandbox pool of a learner process other than rank 0, which never collects."""
+    """The sandbox pool where none is started: a learner process other than rank 0, which never
+    collects, or a suite that runs the agent's code itself; `reason` says which."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
     async def acquire_async(self) -> Any:
-        raise RuntimeError("only the rank-0 process runs sandboxes")
+        raise RuntimeError(self.reason)
 
     async def release_async(self, sandbox: Any) -> None:
         """Nothing was acquired."""

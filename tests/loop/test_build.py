@@ -1,5 +1,5 @@
 """What `loop.build` sets up and refuses around the parts: the open-file limit, the peft that
-FSDP2 + LoRA resumes need.
+FSDP2 + LoRA resumes need, and no sandbox pool for a suite that runs the agent's code itself.
 
 python -m pytest tests/loop/test_build.py -q        (a few seconds)
 """
@@ -89,3 +89,49 @@ def test_sharded_lora_with_an_old_peft_is_refused_at_the_start(
     old_peft = r"resumes only with peft >= 0\.21\.1 .*found peft 0\.20"
     with pytest.raises(ConfigError, match=old_peft), build.build_training(config):
         pass
+
+
+@pytest.fixture
+def own_engine_suite(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """A suite that runs the agent's code itself (AppWorld's way); the pools built, recorded."""
+    from types import SimpleNamespace
+
+    import loop.build as build
+
+    pools: list[object] = []
+    monkeypatch.setattr(build, "KernelPool", lambda **kwargs: pools.append(kwargs))
+    monkeypatch.setattr(build, "build_suite", lambda config: SimpleNamespace(uses_sandbox=False))
+    monkeypatch.setattr(build, "check_splits", lambda *args, **kwargs: None)
+    return pools
+
+
+def test_a_suite_without_sandboxes_gets_no_pool_to_evaluate(
+    own_engine_suite: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    import loop.build as build
+    from loop.config import RunConfig
+
+    monkeypatch.setattr(build, "build_generator", lambda config, checkpoint=None: (None, None))
+    parts = build.build_evaluation(RunConfig())
+    assert own_engine_suite == []
+    with parts.pool as pool, pytest.raises(RuntimeError, match="runs the agent's code itself"):
+        asyncio.run(pool.acquire_async())
+
+
+def test_a_suite_without_sandboxes_gets_no_pool_to_train(
+    own_engine_suite: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    import loop.build as build
+    from loop.config import RunConfig
+    from loop.model import policy
+
+    monkeypatch.setattr(policy, "load_policy", lambda *a, **k: SimpleNamespace(tokenizer=None))
+    monkeypatch.setattr(build, "_training_generator", lambda *args: SimpleNamespace())
+    monkeypatch.setattr(build, "_close", lambda generator: None)
+    with build.build_training(RunConfig()) as parts:
+        assert own_engine_suite == []
+        assert parts.suite.uses_sandbox is False
