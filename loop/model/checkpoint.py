@@ -125,9 +125,10 @@ def check_sharded_lora_loads() -> None:
 
 
 def save_checkpoint(
-    root: Path, iteration: int, model: Any, state: dict[str, Any], keep: int
+    root: Path, iteration: int, model: Any, state: dict[str, Any], keep: int, keep_every: int = 0
 ) -> Path:
-    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints.
+    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints,
+    and those of every `keep_every`-th iteration (iter-k, iter-2k, ...; 0: none).
 
     Collective with several processes: every rank calls it (the weights are gathered from the
     shards); only rank 0 touches the files.
@@ -153,7 +154,8 @@ def save_checkpoint(
         os.replace(tmp, final)
         _fsync_dir(root)
         for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if not keep_every or (iteration_of(old.name) or 1) % keep_every:
+                shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     return final
 
