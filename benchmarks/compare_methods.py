@@ -58,7 +58,8 @@ SCALE_KEYS = {
     "iterations", "split", "max_difficulty", "tasks_per_iteration", "rollouts_per_task",
     "max_concurrent_rollouts", "rollouts_fraction", "min_rollouts_per_task", "minibatch_size",
     "micro_batch_size", "lr", "max_grad_norm", "max_seq_len", "logprob_chunk_size",
-    "stress_test", "eval_every", "checkpoint_every", "keep_checkpoints", "tensorboard",
+    "stress_test", "eval_every", "checkpoint_every", "keep_checkpoints", "keep_every",
+    "tensorboard",
 }  # fmt: skip
 SHORT_WARMUP = 1  # critic warm-up iterations at these scales
 

@@ -13,6 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
+import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ from loop.rollout.collect import SandboxPool
 from sandbox import KernelPool
 from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class EvalParts:
@@ -38,7 +42,7 @@ class EvalParts:
     suite: TaskSuite
     generator: Generator
     tokenizer: Tokenizer
-    pool: KernelPool
+    pool: contextlib.AbstractContextManager[SandboxPool]
 
 
 def build_suite(config: RunConfig) -> TaskSuite:
@@ -70,11 +74,24 @@ def suite_options(config: RunConfig) -> dict[str, Any]:
 def build_evaluation(config: RunConfig, checkpoint: Path | None = None) -> EvalParts:
     """The suite (splits checked), the generator with `checkpoint` applied, and a sandbox pool
     sized for `eval.max_concurrent_rollouts` (not entered yet)."""
+    raise_open_file_limit()
     suite = build_suite(config)
     check_splits(config, suite, training=False)
     generator, tokenizer = build_generator(config, checkpoint)
     size = min(config.sandbox.pool_size, config.eval.max_concurrent_rollouts)
-    return EvalParts(suite, generator, tokenizer, build_pool(config, size=size))
+    return EvalParts(suite, generator, tokenizer, build_sandboxes(config, suite, size))
+
+
+def build_sandboxes(
+    config: RunConfig, suite: TaskSuite, size: int
+) -> contextlib.AbstractContextManager[SandboxPool]:
+    """The pool of `size` sandboxes `suite`'s rollouts run their code in (not entered yet), or
+    none for a suite that runs the agent's code itself (`uses_sandbox` False, AppWorld: its
+    128 idle kernels would hold ~6.6 GiB and ~1,500 descriptors for nothing)."""
+    if suite.uses_sandbox:
+        return build_pool(config, size=size)
+    reason = f"suite {config.suite} runs the agent's code itself: no sandboxes were started"
+    return contextlib.nullcontext(_IdlePool(reason))
 
 
 def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
@@ -85,6 +102,22 @@ def build_pool(config: RunConfig, size: int | None = None) -> KernelPool:
         max_output_chars=config.sandbox.max_output_chars,
         limits=sandbox_limits(config),
     )
+
+
+def raise_open_file_limit() -> None:
+    """Raise this process's soft open-file limit (RLIMIT_NOFILE) to its hard limit, as vLLM's
+    entry point does. Each warm sandbox holds about a dozen descriptors (its pipes, the bridge,
+    its scratch files) and a large run keeps hundreds alive (sandbox.pool_size 256 in
+    configs/qwen2.5-32b-8gpu.yaml) beside the servers' connections, past the 1,024 a node's
+    soft `ulimit -n` often is: sandbox starts would fail with EMFILE. Children (the kernels,
+    the servers) inherit the raised limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:  # e.g. macOS, whose hard limit may be unlimited
+        log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
 
 
 def build_tokenizer(config: RunConfig) -> Any:
@@ -130,9 +163,10 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     """Everything `loop.trainer.train` runs on, with the sandbox pool open; closes it all."""
     import torch
 
-    from loop.model import distributed
+    from loop.model import checkpoint, distributed
     from loop.model.policy import LoraSettings, load_policy
 
+    raise_open_file_limit()
     distributed.init_from_env(  # under torchrun / accelerate launch; before the model loads
         collective_timeout_s=config.train.collective_timeout_s,
         wait_timeout_s=config.train.rollout_wait_timeout_s,
@@ -161,6 +195,8 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         gradient_checkpointing=config.model.gradient_checkpointing,
     )
     if distributed.is_distributed():
+        if lora is not None:
+            checkpoint.check_sharded_lora_loads()  # before a run it could not resume
         # FSDP2, lean: every process builds the model on the meta device, rank 0 alone reads
         # the weights (on the CPU) and sends each process its shards.
         policy = load(device=config.model.device, empty=True)
@@ -172,10 +208,12 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
     generator: Generator = _IdleGenerator()
-    pool: contextlib.AbstractContextManager[SandboxPool] = contextlib.nullcontext(_IdlePool())
+    pool: contextlib.AbstractContextManager[SandboxPool] = contextlib.nullcontext(
+        _IdlePool("only the rank-0 process runs sandboxes")
+    )
     if distributed.is_main():
         generator = _training_generator(config, policy, lora)
-        pool = build_pool(config, size=size)
+        pool = build_sandboxes(config, suite, size)
     try:
         with pool as entered:
             yield TrainParts(policy, generator, policy.tokenizer, suite, entered)
@@ -342,10 +380,14 @@ class _IdleGenerator:
 
 
 class _IdlePool:
-    """The sandbox pool of a learner process other than rank 0, which never collects."""
+    """The sandbox pool where none is started: a learner process other than rank 0, which never
+    collects, or a suite that runs the agent's code itself; `reason` says which."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
     async def acquire_async(self) -> Any:
-        raise RuntimeError("only the rank-0 process runs sandboxes")
+        raise RuntimeError(self.reason)
 
     async def release_async(self, sandbox: Any) -> None:
         """Nothing was acquired."""

@@ -11,6 +11,7 @@ that have it (`having`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -69,11 +70,11 @@ def having(capability: Callable[[Backend], bool]) -> str:
     return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
-def check_devices(config: RunConfig, world_size: int) -> None:
+def check_devices(config: RunConfig, local_world_size: int) -> None:
     """The inference GPUs (`generator.devices`): tensor_parallel_size per engine (one engine,
-    or `num_servers` for a backend that runs servers), distinct, and none of the learners' (a
-    process per GPU 0..n-1 under a launcher). On CPU the servers' cores: distinct, at least
-    one each."""
+    or `num_servers` for a backend that runs servers), distinct, and none of the learners' on
+    this node (a process per GPU 0..n-1 under a launcher, n = `local_world_size`: the
+    servers start on rank 0's node). On CPU the servers' cores: distinct, at least one each."""
     settings = config.generator
     devices = settings.devices
     if not devices:
@@ -95,12 +96,19 @@ def check_devices(config: RunConfig, world_size: int) -> None:
             f"generator.devices {devices}: give {tp * engines} GPU indices, "
             f"generator.tensor_parallel_size ({tp}) for each of {engines} engine(s)"
         )
-    shared = sorted(set(devices) & set(range(world_size))) if world_size > 1 else []
+    local = local_world_size
+    shared = sorted(set(devices) & set(range(local))) if local > 1 else []
     if shared:
         raise ConfigError(
-            f"generator.devices {devices} overlap the {world_size} learners' GPUs "
-            f"0..{world_size - 1} (GPU {shared[0]}): give the engine other GPUs"
+            f"generator.devices {devices} overlap the GPUs 0..{local - 1} of this node's "
+            f"{local} learners (GPU {shared[0]}): give the engine other GPUs"
         )
+
+
+def local_learners(world_size: int) -> int:
+    """The learner processes on this node: the launcher's `LOCAL_WORLD_SIZE` (torchrun's
+    `--nproc-per-node`), or `world_size` without one (one node)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 
 def check_servers(config: RunConfig) -> None:
@@ -124,10 +132,11 @@ def check_servers(config: RunConfig) -> None:
         )
 
 
-def check_run(config: RunConfig, world_size: int) -> None:
-    """What training with `world_size` learner processes needs: weights to train, the
-    learner's and the sampler's distributions equal, minibatches that shard equally, and
-    one process for the value head and the memory window (not sharded yet)."""
+def check_run(config: RunConfig, world_size: int, local_world_size: int | None = None) -> None:
+    """What training with `world_size` learner processes (`local_world_size` of them on this
+    node; None: the launcher's, `local_learners`) needs: weights to train, the learner's and
+    the sampler's distributions equal, minibatches that shard equally, and one process for the
+    value head and the memory window (not sharded yet)."""
     name, can = config.generator.backend, backend(config)
     if not can.trains:
         raise ConfigError(
@@ -165,7 +174,9 @@ def check_run(config: RunConfig, world_size: int) -> None:
         )
     _check_demo_replay(config, world_size)
     _check_old_logprobs(config)
-    check_devices(config, world_size)
+    check_devices(
+        config, local_learners(world_size) if local_world_size is None else local_world_size
+    )
     sandbox_limits(config)
     if config.train.collective_timeout_s <= 0 or config.train.rollout_wait_timeout_s <= 0:
         raise ConfigError(
@@ -227,6 +238,8 @@ def check_values(config: RunConfig) -> None:
         )
     if (kv_cache_mb := config.generator.kv_cache_mb) is not None and kv_cache_mb < 0:
         raise ConfigError(f"generator.kv_cache_mb: must be >= 0, got {kv_cache_mb}")
+    if config.train.keep_every < 0:
+        raise ConfigError(f"train.keep_every: must be >= 0, got {config.train.keep_every}")
     if config.sandbox.pool_size < 0:
         raise ConfigError(f"sandbox.pool_size: must be >= 0, got {config.sandbox.pool_size}")
     if config.eval.limit is not None and config.eval.limit <= 0:

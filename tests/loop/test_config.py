@@ -311,6 +311,22 @@ def test_the_engine_on_its_own_gpus_passes() -> None:
     check_run(config, 4)
 
 
+def test_learners_on_other_nodes_leave_this_nodes_gpus_to_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2 nodes x 4 learners (WORLD_SIZE 8, LOCAL_WORLD_SIZE 4) and a server on rank 0's node:
+    only GPUs 0..3 there are the learners'."""
+    from loop.checks import check_run
+
+    engine = ["generator.backend=vllm_server", "model.device=cuda", "generator.devices=[4,5]"]
+    engine += ["generator.tensor_parallel_size=2"]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    check_run(load_config(None, engine), 8)
+    check_run(load_config(None, engine), 8, local_world_size=4)
+    with pytest.raises(ConfigError, match=r"this node's 4 learners \(GPU 3\)"):
+        check_run(load_config(None, [*engine, "generator.devices=[3,4]"]), 8)
+
+
 # Each backend's refusals, asked of the capability table (loop.checks.BACKENDS): the whole
 # one-line message, naming the backends that would do.
 ENDPOINT = ["generator.base_url=http://127.0.0.1:1/v1", "generator.served_model=m"]

@@ -44,6 +44,18 @@ def test_the_launchers_variables_are_removed_and_the_rest_kept() -> None:
     assert launcher_free(env)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"  # no list: as seen
 
 
+def test_devices_are_indices_among_the_inherited_visible_gpus() -> None:
+    """A job given CUDA_VISIBLE_DEVICES=2,3,6,7: devices [2, 3] are its third and fourth GPUs,
+    physical 6 and 7 (the learners' LOCAL_RANKs index the same list)."""
+    env = {"CUDA_VISIBLE_DEVICES": "2,3,6,7"}
+    assert launcher_free(env, devices=[2, 3])["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert launcher_free({}, devices=[2, 3])["CUDA_VISIBLE_DEVICES"] == "2,3"  # all visible
+    uuids = {"CUDA_VISIBLE_DEVICES": "GPU-a, GPU-b"}
+    assert launcher_free(uuids, devices=[1])["CUDA_VISIBLE_DEVICES"] == "GPU-b"
+    with pytest.raises(ValueError, match="GPU 4 is not among the 4 this process sees"):
+        launcher_free(env, devices=[3, 4])
+
+
 RENDEZVOUS = """
 import datetime, sys, time, torch.distributed as dist
 start = time.monotonic()

@@ -178,6 +178,16 @@ def test_the_samplers_old_logprobs_by_hand() -> None:
         take_sampler_logprobs([sample])
 
 
+def test_every_kth_checkpoint_is_kept_beside_the_last(tmp_path: Path) -> None:
+    """`train.keep_every` k: iter-k, iter-2k, ... survive the pruning to the last n."""
+    run_synthetic(tmp_path, 5, "train.keep_checkpoints=1", "train.keep_every=2")
+    root = tmp_path / "synth" / "checkpoints"
+    names = [p.name for p in checkpoint.list_checkpoints(root)]
+    assert names == ["iter-2", "iter-4", "iter-5"]
+    with pytest.raises(ConfigError, match=r"train\.keep_every: must be >= 0, got -1"):
+        load_config(None, ["train.keep_every=-1"])
+
+
 def test_checkpoints_are_complete_and_pruned(tmp_path: Path) -> None:
     run_synthetic(tmp_path, 3, "train.keep_checkpoints=2")
     root = tmp_path / "synth" / "checkpoints"
