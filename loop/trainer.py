@@ -222,7 +222,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 7. Log, save the rollouts, checkpoint.
         elapsed = time.monotonic() - started
         metrics |= throughput(metrics, groups, update.stats.trained_tokens, elapsed)
-        metrics |= parts.generator.stats().idle_since(at_start, elapsed)  # vllm_server's
+        metrics |= parts.generator.stats().servers_since(at_start, elapsed)  # vllm_server's
         if runlog is not None:
             record_iteration(
                 runlog, config, run, iteration, metrics, groups, update.credit, kept, samples
