@@ -24,18 +24,19 @@ one (`SamplingParams.version`: every turn of a group samples the version current
 group was dispatched); an older version is retired and unloaded once no request uses it, and
 a request naming a retired one fails (`GeneratorError`).
 
-Failures. A server that dies costs nothing but time: a request whose server is found dead
-after it failed (no connection, a reset: `ServerFailureError`, never an answer about the request,
-such as a 4xx) is re-sent, whole from the same prompt and with the same version, to another
-server that holds that version, up to `request_resends` times (the rollout's earlier turns are
-unchanged, so the trajectory stays token exact); the group's later requests follow it there. The
-dead server leaves routing: a started one is restarted in the background (up to `max_restarts`
-times), an attached one (or one that answers but refused an adapter) is re-probed every
-`probe_every_s` and at each publication; either returns to routing only once it holds the
-current version (`GET /health`, then the adapter loaded and listed). While a started server
-restarts and no other is ready, a request waits up to `ready_timeout_s`; with none ready and none
-restarting it fails at once, in one line naming each server, its state and its log. `stats()`
-counts the failures, restarts and re-sent requests (`servers/*` in the run's metrics).
+Failures. A server that dies costs only time. A request whose server is found dead after the
+request failed (no connection, a reset: `ServerFailureError`; never an answer about the request,
+such as a 4xx) is re-sent, whole from the same prompt and with the same version, to a server
+that holds that version (another, or this one once restarted), up to `request_resends` times:
+the rollout's earlier turns are unchanged, so the trajectory stays token exact, and the group's
+later requests follow it. The dead server leaves routing: a started one is restarted in the
+background (up to `max_restarts` times), an attached one (or one that answers but refused an
+adapter) is re-probed every `probe_every_s` and at each publication; either returns to routing
+only once it holds the current version (`GET /health` answered, the adapter loaded and listed).
+While a started server restarts and no other is ready, a request waits up to `ready_timeout_s`
+(default: as long as a start may take); with none ready and none restarting it fails at once, in
+one line naming each server, its state and its log. `stats()` counts the failures, restarts and
+re-sent requests (`servers/*` in the run's metrics).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class VLLMServerGenerator:
         processes: Sequence[ServerProcess] = (),
         urls: Sequence[str] = (),
         start_timeout_s: float = 600.0,
-        ready_timeout_s: float = 600.0,
+        ready_timeout_s: float | None = None,
         request_timeout_s: float = 600.0,
         max_concurrency: int = 256,
         max_restarts: int = 3,
@@ -111,7 +112,9 @@ class VLLMServerGenerator:
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         self.keep_versions = keep_versions
         self.base_model, self.adapter_prefix = base_model, adapter_prefix
-        self.start_timeout_s, self.ready_timeout_s = start_timeout_s, ready_timeout_s
+        self.start_timeout_s = start_timeout_s
+        # a request waits for a restart as long as a start may take (None)
+        self.ready_timeout_s = start_timeout_s if ready_timeout_s is None else ready_timeout_s
         self.request_timeout_s, self.max_concurrency = request_timeout_s, max_concurrency
         self.max_restarts, self.probe_every_s = max_restarts, probe_every_s
         self.request_resends = request_resends
