@@ -197,7 +197,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
         metrics |= iteration_metrics(groups, credit, discarded, samples, kept)
-        if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
+        if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share, groups):
             raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
         # 3b. Overlap (overlap.max_staleness S >= 1): draw and dispatch the next iterations' groups
