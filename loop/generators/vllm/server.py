@@ -418,34 +418,30 @@ class VLLMServerGenerator:
         except GeneratorError as exc:
             log.error("vLLM server %d could not be restarted: %s", index, exc)
             server.process.stop()
-        finally:
-            server.restarting = False
+            server.restarting = False  # out for good (`_readmit` clears it on success)
 
     def _probe(self, index: int) -> None:
         """Ask server `index` every `probe_every_s` (sooner after a publication) until it
         answers `/health` and holds the current version; restart it if it is ours and died."""
         server = self.servers[index]
-        try:
-            while not self._closing.is_set():
-                server.wake.wait(self.probe_every_s)
-                server.wake.clear()
-                if self._closing.is_set():
-                    return
-                if server.process is not None and not server.process.alive():
-                    with self._lock:  # ours, and dead after all: restarted if it may be
-                        restart = self._claim_restart(index)
-                    if restart:
-                        self._restart(index)
-                    return
-                try:
-                    if not healthy(server.url):
-                        raise GeneratorError(f"{server.url} does not answer GET /health")
-                    self._readmit(index)
-                    return
-                except GeneratorError as exc:
-                    log.info("vLLM server %d stays out of routing: %s", index, exc)
-        finally:
-            server.probing = False
+        while not self._closing.is_set():
+            server.wake.wait(self.probe_every_s)
+            server.wake.clear()
+            if self._closing.is_set():
+                return
+            if server.process is not None and not server.process.alive():
+                with self._lock:  # ours, and dead after all: restarted if it may be
+                    server.probing, restart = False, self._claim_restart(index)
+                if restart:
+                    self._restart(index)
+                return
+            try:
+                if not healthy(server.url):
+                    raise GeneratorError(f"{server.url} does not answer GET /health")
+                self._readmit(index)  # back in routing (it clears `probing`)
+                return
+            except GeneratorError as exc:
+                log.info("vLLM server %d stays out of routing: %s", index, exc)
 
     def _readmit(self, index: int) -> None:
         """Load the current version on server `index` and return it to routing; a publication
