@@ -169,7 +169,8 @@ class VLLMServerGenerator:
                     generation = await self._sample(index, version, prompt_token_ids, params)
                     return dataclasses.replace(generation, server=index, adapter_version=version)
                 except ServerFailureError as exc:
-                    if not await asyncio.to_thread(self._down, index):
+                    out = self.servers[index].served is None  # found dead by another request
+                    if not out and not await asyncio.to_thread(self._down, index):
                         raise  # it answers: the failure is this request's, not the server's
                     self._lost(index, down=True)
                     if resend == self.request_resends:
