@@ -183,6 +183,17 @@ def check_run(config: RunConfig, world_size: int, local_world_size: int | None =
             "train.collective_timeout_s and train.rollout_wait_timeout_s must be > 0, got "
             f"{config.train.collective_timeout_s}, {config.train.rollout_wait_timeout_s}"
         )
+    start_s, started = config.generator.server_start_timeout_s, not config.generator.servers
+    if (
+        world_size > 1
+        and can.runs_servers
+        and started
+        and start_s >= config.train.collective_timeout_s
+    ):
+        raise ConfigError(  # the other learners wait in a collective while rank 0 starts servers
+            f"generator.server_start_timeout_s {start_s:g} must be below train.collective_timeout_s"
+            f" {config.train.collective_timeout_s:g} (rank 0 starts the servers, the others wait)"
+        )
     if config.train.minibatch_size % world_size:
         raise ConfigError(
             f"train.minibatch_size={config.train.minibatch_size} must be a multiple of the "

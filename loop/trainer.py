@@ -197,7 +197,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
         metrics |= iteration_metrics(groups, credit, discarded, samples, kept)
-        if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share):
+        if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share, groups):
             raise RuntimeError(problem)
         metrics |= record_signals(sampler, groups, cfg.reward)
         # 3b. Overlap (overlap.max_staleness S >= 1): draw and dispatch the next iterations' groups
@@ -222,7 +222,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         # 7. Log, save the rollouts, checkpoint.
         elapsed = time.monotonic() - started
         metrics |= throughput(metrics, groups, update.stats.trained_tokens, elapsed)
-        metrics |= parts.generator.stats().idle_since(at_start, elapsed)  # vllm_server's
+        metrics |= parts.generator.stats().servers_since(at_start, elapsed)  # vllm_server's
         if runlog is not None:
             record_iteration(
                 runlog, config, run, iteration, metrics, groups, update.credit, kept, samples

@@ -87,6 +87,9 @@ class GeneratorStats:
 
     engine: EngineWork | None = None  # hf: its engine's decode and prefill work
     server_idle_s: float | None = None  # vllm_server: seconds no request was in flight (mean)
+    server_failures: int | None = None  # vllm_server: servers that left routing (died, refused)
+    server_restarts: int | None = None  # vllm_server: started servers restarted
+    requests_resent: int | None = None  # vllm_server: requests re-sent after their server died
 
     def work_since(self, before: GeneratorStats, prefix: str) -> dict[str, float]:
         """The engine's work since `before` as `<prefix>decode_s` and so on ({}: none counted)."""
@@ -94,12 +97,23 @@ class GeneratorStats:
             return {}
         return self.engine.since(before.engine, prefix)
 
-    def idle_since(self, before: GeneratorStats, elapsed_s: float) -> dict[str, float]:
-        """`time/server_idle_s` since `before` and its share of `elapsed_s` ({}: not counted)."""
+    def servers_since(self, before: GeneratorStats, elapsed_s: float) -> dict[str, float]:
+        """The servers' counters since `before`: `time/server_idle_s` and its share of
+        `elapsed_s`, `servers/failures`, `servers/restarts`, `servers/resent_requests` ({}: not
+        counted)."""
         if self.server_idle_s is None or before.server_idle_s is None:
             return {}
         idle = self.server_idle_s - before.server_idle_s
-        return {"time/server_idle_s": idle, "time/server_idle_share": idle / elapsed_s}
+        metrics = {"time/server_idle_s": idle, "time/server_idle_share": idle / elapsed_s}
+        counters = {
+            "servers/failures": (self.server_failures, before.server_failures),
+            "servers/restarts": (self.server_restarts, before.server_restarts),
+            "servers/resent_requests": (self.requests_resent, before.requests_resent),
+        }
+        for key, (now, then) in counters.items():
+            if now is not None and then is not None:
+                metrics[key] = float(now - then)
+        return metrics
 
 
 class GeneratorError(RuntimeError):

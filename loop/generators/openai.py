@@ -28,7 +28,9 @@ such a rollout is marked, never silently taken for what it sampled.
 
 Failures: 429, 5xx, connection errors and timeouts are retried with exponential backoff
 (honouring `Retry-After`), at most `max_retries` times; then, and at once for other 4xx, a
-`GeneratorError` with the status and the server's message on one line.
+`GeneratorError` with the status and the server's message on one line: a `ServerFailureError` when
+the server itself failed (no connection, a reset, a timeout, 5xx), which says nothing about the
+request (vllm_server re-sends it to another server when this one is found dead).
 """
 
 from __future__ import annotations
@@ -263,7 +265,7 @@ class OpenAIGenerator:
             except httpx.TransportError as exc:  # refused, reset, timed out
                 if last_try:
                     url = f"{self._client.base_url}{path}"
-                    raise GeneratorError(
+                    raise ServerFailureError(
                         f"{url} unreachable after {attempt + 1} tries: {_error_text(exc)}"
                     ) from None
                 await asyncio.sleep(self.backoff_s * 2**attempt)
@@ -275,9 +277,14 @@ class OpenAIGenerator:
             if response.status_code not in RETRY_STATUSES:
                 raise (_BadRequestError if response.status_code == 400 else GeneratorError)(message)
             if last_try:
-                raise GeneratorError(f"{message} (after {attempt + 1} tries)")
+                failed = ServerFailureError if response.status_code >= 500 else GeneratorError
+                raise failed(f"{message} (after {attempt + 1} tries)")
             await asyncio.sleep(_retry_delay(response, self.backoff_s * 2**attempt))
         raise AssertionError("unreachable")
+
+
+class ServerFailureError(GeneratorError):
+    """The server failed, not the request: unreachable, reset, timed out, or 5xx after retries."""
 
 
 class _BadRequestError(GeneratorError):

@@ -149,9 +149,14 @@ def iteration_metrics(
     return metrics
 
 
-def infra_failure_problem(metrics: dict[str, float], max_share: float | None) -> str | None:
+def infra_failure_problem(
+    metrics: dict[str, float],
+    max_share: float | None,
+    groups: Sequence[Sequence[Trajectory]] = (),
+) -> str | None:
     """Why the run must stop: more than `max_share` of the iteration's rollouts were
-    infrastructure failures (named with their counts); None when within it or unchecked."""
+    infrastructure failures (named with their counts, and the first one's error from `groups`,
+    e.g. every vLLM server gone and their logs); None when within it or unchecked."""
     share = metrics.get("rollout/infra_failure_share", 0.0)
     if max_share is None or share <= max_share:
         return None
@@ -162,10 +167,11 @@ def infra_failure_problem(metrics: dict[str, float], max_share: float | None) ->
         and key.removeprefix("rollout/status/") in INFRA_STATUSES
     }
     named = ", ".join(f"{status} {count}" for status, count in counts.items())
+    first = next((t.error for g in groups for t in g if t.infra_failure and t.error), None)
     return (
         f"{share:.0%} of the iteration's rollouts failed for infrastructure reasons ({named}), "
         f"more than train.max_infra_failure_share={max_share:g}: fix the cause before training on"
-    )
+    ) + (f"; the first: {' '.join(first.split())}" if first else "")
 
 
 def _mean_or_nan(values: list[float]) -> float:

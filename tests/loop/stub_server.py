@@ -1,12 +1,15 @@
 """A stand-in for vLLM's OpenAI server in `ServerProcess` tests: it starts in a blink.
 
     python -m tests.loop.stub_server [--env-out FILE] [--fail-with TEXT] [--never-ready]
-        --host H --port P
+        [--fail-loads N] [--slow-s S] --host H --port P
 
-Writes its environment to FILE (JSON), then serves `GET /health` with 200, and the adapter
+Writes its environment to FILE (JSON), then serves `GET /health` with 200, the adapter
 endpoints a publication uses (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`,
-`GET /v1/models`: the names loaded, no weights); `--fail-with` prints TEXT and exits 1 instead
-(a failed start-up), `--never-ready` answers 503 forever.
+`GET /v1/models`: the names loaded, no weights), and `POST /v1/completions` as vLLM's token
+mode answers it (one token, 5, with its log-prob; the text names the model asked for, so a test
+sees which version sampled; a request for 100 tokens or more takes S seconds, long enough to
+kill the server under it). `--fail-with` prints TEXT and exits 1 instead (a failed start-up),
+`--never-ready` answers 503 forever, `--fail-loads N` refuses the first N adapter loads (500).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import argparse
 import json
 import os
 import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def main() -> None:
@@ -25,6 +29,8 @@ def main() -> None:
     parser.add_argument("--env-out")
     parser.add_argument("--fail-with")
     parser.add_argument("--never-ready", action="store_true")
+    parser.add_argument("--fail-loads", type=int, default=0)
+    parser.add_argument("--slow-s", type=float, default=3.0)
     args = parser.parse_args()
     if args.env_out:
         with open(args.env_out, "w") as out:
@@ -35,6 +41,7 @@ def main() -> None:
     status = 503 if args.never_ready else 200
 
     loaded = {"base"}
+    refusals = [args.fail_loads]
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -46,6 +53,17 @@ def main() -> None:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v1/completions":
+                if body["max_tokens"] >= 100:
+                    time.sleep(args.slow_s)
+                choice = {"text": body["model"], "token_ids": [5], "finish_reason": "stop",
+                          "logprobs": {"token_logprobs": [-0.5]}}  # fmt: skip
+                self.answer(200, {"choices": [choice]})
+                return
+            if self.path == "/v1/load_lora_adapter" and refusals[0] > 0:
+                refusals[0] -= 1
+                self.answer(500, {"error": {"message": "the adapter could not be read"}})
+                return
             if self.path == "/v1/load_lora_adapter":
                 loaded.add(body["lora_name"])
             elif self.path == "/v1/unload_lora_adapter":
@@ -66,7 +84,8 @@ def main() -> None:
         def log_message(self, *_: object) -> None:
             pass
 
-    HTTPServer((args.host, args.port), Health).serve_forever()
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer((args.host, args.port), Health).serve_forever()
 
 
 if __name__ == "__main__":

@@ -419,3 +419,22 @@ def test_a_suite_is_built_with_the_section_named_after_it_and_no_other() -> None
         if isinstance(hints[f.name], type) and issubclass(hints[f.name], SuiteOptions)
     ]
     assert sections == ["openenv"] and set(sections) <= set(SUITES)
+
+
+def test_a_server_start_bound_stays_below_the_collective_timeout() -> None:
+    """Rank 0 starts the servers while the other learners wait in a collective: a start bound
+    at or past `train.collective_timeout_s` would let that collective time out first."""
+    from loop.checks import check_run
+
+    config = load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", [])
+    assert 900 <= config.generator.server_start_timeout_s < config.train.collective_timeout_s
+    check_run(config, 4)  # a cold 32B start fits, below the collective timeout
+    late = ["generator.server_start_timeout_s=3600"]
+    with pytest.raises(ConfigError, match=re.escape(
+        "generator.server_start_timeout_s 3600 must be below train.collective_timeout_s 3600"
+    )) as caught:  # fmt: skip
+        check_run(load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", late), 4)
+    assert "\n" not in str(caught.value)
+    check_run(load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", late), 1)  # none wait
+    attached = [*late, "generator.servers=[http://node2:8000/v1]", "generator.devices=[]"]
+    check_run(load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", attached), 4)  # none start

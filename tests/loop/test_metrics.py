@@ -127,3 +127,7 @@ def test_too_many_infrastructure_failures_stop_the_run_naming_the_statuses() -> 
         "generator_error 1), more than train.max_infra_failure_share=0.5: fix the cause before "
         "training on"
     )
+    lost = Trajectory("t", "s", 1, 0, status="generator_error")
+    lost.error = "no vLLM server serves base; servers 0 http://127.0.0.1:1/v1: down for good"
+    named = infra_failure_problem(metrics, 0.5, [[Trajectory("t", "s", 1, 1), lost]])
+    assert named is not None and named.endswith(f"; the first: {lost.error}")

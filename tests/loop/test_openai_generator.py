@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pytest
 
 from loop.generators.base import Generator, GeneratorError, SamplingParams
-from loop.generators.openai import OpenAIGenerator
+from loop.generators.openai import OpenAIGenerator, ServerFailureError
 from tests.loop.conftest import EOS_ID, tiny_tokenizer
 
 PARAMS = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(EOS_ID,))
@@ -203,10 +203,11 @@ async def test_text_modes_count_special_token_text_the_agent_carried_in(server) 
 
 async def test_a_refused_token_prompt_without_tokenizer_is_a_one_line_error(server) -> None:
     generator = client(server, "no-token-prompts")
-    with pytest.raises(GeneratorError, match="400: prompt must be a string"):
+    with pytest.raises(GeneratorError, match="400: prompt must be a string") as caught:
         await generator.generate([5, 6], PARAMS)
     await generator.close()
     assert len(server.requests) == 1  # a 400 is not retried
+    assert not isinstance(caught.value, ServerFailureError)  # an answer about the request
 
 
 async def test_429_and_503_are_retried_then_succeed(server) -> None:
@@ -224,16 +225,17 @@ async def test_persistent_5xx_gives_up_with_status_and_message(server) -> None:
     message = str(caught.value)
     assert "\n" not in message and len(server.requests) == 3
     assert "500: engine exploded" in message and "after 3 tries" in message
+    assert isinstance(caught.value, ServerFailureError)
 
 
 async def test_connection_errors_are_retried_then_one_line() -> None:
     generator = OpenAIGenerator(
         f"http://127.0.0.1:{closed_port()}/v1", "m", max_retries=1, backoff_s=0
     )
-    with pytest.raises(GeneratorError, match="unreachable after 2 tries") as caught:
+    with pytest.raises(ServerFailureError, match="unreachable after 2 tries") as caught:
         await generator.generate([5], PARAMS)
     await generator.close()
-    assert "\n" not in str(caught.value)
+    assert "\n" not in str(caught.value)  # and a server failure: vllm_server may re-send it
 
 
 async def test_chat_mode_sends_messages_and_reads_ids_when_given(server) -> None:

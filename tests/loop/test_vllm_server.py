@@ -5,8 +5,8 @@ multi-turn app-world rollouts through it are token exact (tests/loop/test_token_
 checks, base weights), versions published under their own names sample differently, the
 server's log-probs of a rollout equal peft's after publication, a version's prefix-cache
 blocks are never reused by another, a second client attaches by URL, a server killed
-mid-iteration costs only the requests it had in flight and comes back with the current
-adapter, and close() leaves no process. Routing between servers is worked by hand in
+mid-iteration comes back with the current adapter and answers the requests it had in flight
+(re-sent), and close() leaves no process. Routing between servers is worked by hand in
 test_routing.py; the whole trainer under torchrun with this backend in
 tests/test_train_torchrun.py.
 
@@ -218,10 +218,12 @@ async def test_a_client_attaches_by_url_and_leaves_the_server_running(
         VLLMServerGenerator(base_model="base", adapter_prefix="x", urls=["http://127.0.0.1:9/v1"])
 
 
-async def test_a_server_killed_mid_iteration_costs_its_requests_and_comes_back(
+async def test_a_server_killed_mid_iteration_costs_its_requests_only_time(
     generator,
     tokenizer,
 ) -> None:
+    """Its requests in flight are re-sent, whole and with their version, once it is back (the
+    only server here): they complete, and the server serves the current adapter again."""
     version = generator.current
     server = generator.servers[0]
     old_pid = server.process.pid
@@ -229,13 +231,13 @@ async def test_a_server_killed_mid_iteration_costs_its_requests_and_comes_back(
     prompts = [chat_prompt_ids(tokenizer, q) for q in QUESTIONS]
     in_flight = [asyncio.create_task(generator.generate(p, long)) for p in prompts]
     await asyncio.sleep(2.0)
+    started = time.perf_counter()
     os.killpg(old_pid, signal.SIGKILL)  # the server and its engine core, as the OOM killer might
     outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
-    assert all(isinstance(o, GeneratorError) for o in outcomes), outcomes
-    assert any("died during the request" in str(o) for o in outcomes), outcomes
-    started = time.perf_counter()
-    after = await generator.generate(prompts[0], greedy(8))  # waits for the restart
-    print(f"\nserver restart to first answer: {time.perf_counter() - started:.1f} s")
-    assert generator.restarts == 1 and server.process.pid != old_pid
+    print(f"\nserver killed to its requests answered: {time.perf_counter() - started:.1f} s")
+    assert all(not isinstance(o, BaseException) for o in outcomes), outcomes
+    assert all(o.adapter_version == version and len(o.token_ids) == 400 for o in outcomes)
+    assert generator.restarts == 1 and generator.resent == len(prompts)
+    assert server.process.pid != old_pid and not running(old_pid)
+    after = await generator.generate(prompts[0], greedy(8))
     assert after.adapter_version == version  # back with the current adapter
-    assert not running(old_pid)
