@@ -9,6 +9,7 @@ processes: launch with `torchrun` (see README).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -43,15 +44,18 @@ def run(config_path: Path, overrides: list[str]) -> int:
     from loop.config import ConfigError, load_config
     from loop.generators.base import GeneratorError
     from loop.model.distributed import launched_world_size
+    from loop.run.rundir import RunInUseError, lock_run
     from loop.trainer import train
 
     main = os.environ.get("RANK", "0") == "0"  # progress and the summary: one per run
     try:
         config = load_config(config_path, overrides)
         check_run(config, launched_world_size())  # before anything is loaded
-        with build_training(config) as parts:
+        # rank 0 holds the run directory for the run's life: a second train.py on it is refused
+        held = lock_run(config.run_dir) if main else contextlib.nullcontext()
+        with held, build_training(config) as parts:
             metrics = train(config, parts, show_progress=main)
-    except ConfigError as exc:
+    except (ConfigError, RunInUseError) as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
     except GeneratorError as exc:  # a server that cannot start or serve names its log

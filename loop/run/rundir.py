@@ -12,6 +12,8 @@
                                              checkpoints/iter-E/, adapter-sync/, eval/epoch-E/
     runs/<name>/learning_curve.png           the learning curve (loop/run/report.py)
     runs/<name>/kl_reference/                the adapter RL started from (train.kl.reference start)
+    runs/<name>/adapter-nonce                the run's adapter names' nonce (`adapter_nonce`)
+    runs/<name>/train.lock                   held by the training run's rank 0 (`lock_run`)
 
 The trainer, the warm start, evaluation, checkpoints, the report, the inspector's demo run and
 its reader (loop/run/records.py) all go through these names; nothing else spells a file name
@@ -20,10 +22,13 @@ of the run directory. No torch here.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import math
+import os
 import re
+import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +50,8 @@ WARM_START = "warm_start"
 ADAPTER = "adapter"  # a LoRA adapter in PEFT format (also a checkpoint's, loop/model/checkpoint.py)
 LEARNING_CURVE = "learning_curve.png"
 KL_REFERENCE = "kl_reference"
+ADAPTER_NONCE = "adapter-nonce"
+LOCK = "train.lock"
 ITER_NAME = re.compile(r"iter-(\d+)(?:\.jsonl(?:\.gz)?)?$")  # iter-N, iter-N.jsonl[.gz]
 NOT_ROLLOUTS = frozenset({CHECKPOINTS, TENSORBOARD, ADAPTER_SYNC})  # never hold rollouts
 
@@ -135,6 +142,23 @@ class RunDir:
                 continue
         return records
 
+    def adapter_nonce(self) -> str:
+        """The run's adapter nonce (drawn on first use, kept here so a resume keeps it): a
+        server's adapter names are `<name>-<nonce>-v<k>`, so two runs named alike never share
+        one, and a resumed run knows the names its earlier life left."""
+        path = self.path / ADAPTER_NONCE
+        if not path.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            drawn = path.with_name(f"{ADAPTER_NONCE}.{os.getpid()}")
+            drawn.write_text(secrets.token_hex(4) + "\n")
+            try:
+                os.link(drawn, path)  # the first writer wins; another reads its nonce
+            except FileExistsError:
+                pass
+            finally:
+                drawn.unlink()
+        return path.read_text().strip()
+
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One metrics.jsonl line."""
         with self.metrics.open("a") as sink:
@@ -165,6 +189,39 @@ class WarmStartDir:
     def eval_dir(self, epoch: int) -> Path:
         """The dev evaluation after `epoch` epochs (`warm_start.select: dev`)."""
         return self.path / EVAL / f"epoch-{epoch}"
+
+
+class RunInUseError(RuntimeError):
+    """Another live process trains in this run directory."""
+
+
+@contextmanager
+def lock_run(path: Path) -> Iterator[None]:
+    """Hold the run directory `path` for one training run: an exclusive `flock` on its
+    `train.lock` (with the holder's pid), released when the block ends or the process dies (the
+    OS drops it, so a killed run's directory is free at once). `RunInUseError` in one line,
+    naming the holder's pid, while another process holds it; reading a run needs no lock."""
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LOCK, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise RunInUseError(
+                f"{path} is in use by another training run (pid {holder}); "
+                "wait for it to end, or pick another name"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.seek(0)
+            lock.truncate()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _logged_iteration(line: str) -> float:
