@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import resource
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, Policy
 from loop.parts import TrainParts
 from loop.rollout.collect import SandboxPool
+from loop.run.rundir import RunDir
 from sandbox import KernelPool
 from tasks import RunSettings, SuiteSetupError, TaskSuite, suite_for_run
 
@@ -275,9 +277,15 @@ def _vllm_server_generator(
                 name=f"vLLM server {index}",
             )  # fmt: skip
             processes.append(server)
+    # training (a policy to publish) names its adapters with the run's nonce, kept for a resume;
+    # an evaluation draws its own, never touching a training run's adapters on a shared server
+    nonce = RunDir(config.run_dir).adapter_nonce() if policy is not None else secrets.token_hex(4)
     return VLLMServerGenerator(
-        base_model=base_model, adapter_prefix=config.name, processes=processes,
+        base_model=base_model, adapter_prefix=f"{config.name}-{nonce}", processes=processes,
         urls=settings.servers, start_timeout_s=settings.server_start_timeout_s,
+        request_timeout_s=settings.request_timeout_s,
+        publish_timeout_s=settings.publish_timeout_s,
+        health_timeout_s=settings.health_timeout_s,
         keep_versions=config.train.overlap.max_staleness + 1,
     )  # fmt: skip
 

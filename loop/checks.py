@@ -120,8 +120,9 @@ def check_servers(config: RunConfig) -> None:
             f"generator.num_servers must be >= 1 and server_port in 0..65535, got "
             f"{settings.num_servers}, {settings.server_port}"
         )
-    if settings.server_start_timeout_s <= 0:
-        raise ConfigError("generator.server_start_timeout_s must be > 0")
+    for key in ("server_start", "request", "publish", "health"):
+        if not getattr(settings, f"{key}_timeout_s") > 0:  # NaN too
+            raise ConfigError(f"generator.{key}_timeout_s must be > 0")
     for url in settings.servers:
         if not url.startswith(("http://", "https://")) or not url.rstrip("/").endswith("/v1"):
             raise ConfigError(f"generator.servers: {url!r} is not an http(s)://host:port/v1 URL")

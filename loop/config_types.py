@@ -52,9 +52,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = doc(
         "float32", "weights' dtype (float32 on CPU; bfloat16 on GPU)"
     )
-    device: Literal["cpu", "cuda", "auto"] = doc(
-        "cpu", "where the policy runs (auto: CUDA when available)"
-    )
+    device: Literal["cpu", "cuda", "auto"] = doc("cpu", "where the policy runs (auto: CUDA if any)")
     attn_implementation: str | None = doc(None, 'e.g. "sdpa", "flash_attention_2"; None = default')
     lora_rank: int = doc(16, "LoRA r; 0 = full fine-tuning")
     lora_alpha: int = doc(32, "LoRA alpha (the update is scaled by alpha / r)")
@@ -87,10 +85,8 @@ class GeneratorConfig:
         "hf: memory for cached prefixes and previous turns (LRU); None: a quarter of the GPU's "
         "free memory, 1024 on a CPU",
     )
-    torch_threads: int | None = doc(None, "hf: torch's CPU threads while sampling (None: as is)")
-    gpu_memory_utilization: float = doc(
-        0.4, "vllm_server: a server's share of (GPU or CPU KV) memory for its engine"
-    )
+    torch_threads: int | None = doc(None, "hf: torch's CPU threads when sampling (None: as is)")
+    gpu_memory_utilization: float = doc(0.4, "vllm_server: a server's share of (KV) memory")
     max_model_len: int = doc(8192, "vllm_server: longest sequence a server plans for")
     tensor_parallel_size: int = doc(1, "vllm_server: GPUs one server spans")
     devices: list[int] = doc_factory(
@@ -109,9 +105,12 @@ class GeneratorConfig:
     )
     server_port: int = doc(0, "vllm_server: the first started server's port (0: free ports)")
     server_start_timeout_s: float = doc(600.0, "vllm_server: a server's start-up, at most")
-    server_args: list[str] = doc_factory(
-        list, "vllm_server: more arguments for the started servers (e.g. --max-num-seqs 64)"
+    request_timeout_s: float = doc(600.0, "vllm_server: a completion's wait (tried twice), at most")
+    publish_timeout_s: float = doc(120.0, "vllm_server: one server's adapter load, at most")
+    health_timeout_s: float = doc(
+        30.0, "vllm_server: a server not answering GET /health this long leaves routing"
     )
+    server_args: list[str] = doc_factory(list, "vllm_server: more args for started servers")
     base_url: str | None = doc(None, "openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
     served_model: str | None = doc(
         None, "openai, vllm_server: the model name the endpoint serves (vllm_server: the base)"

@@ -90,6 +90,8 @@ class GeneratorStats:
     server_failures: int | None = None  # vllm_server: servers that left routing (died, refused)
     server_restarts: int | None = None  # vllm_server: started servers restarted
     requests_resent: int | None = None  # vllm_server: requests re-sent after their server died
+    server_stalls: int | None = None  # vllm_server: servers that stopped answering (left routing)
+    adapters_republished: int | None = None  # vllm_server: servers that lost their adapters
 
     def work_since(self, before: GeneratorStats, prefix: str) -> dict[str, float]:
         """The engine's work since `before` as `<prefix>decode_s` and so on ({}: none counted)."""
@@ -99,8 +101,8 @@ class GeneratorStats:
 
     def servers_since(self, before: GeneratorStats, elapsed_s: float) -> dict[str, float]:
         """The servers' counters since `before`: `time/server_idle_s` and its share of
-        `elapsed_s`, `servers/failures`, `servers/restarts`, `servers/resent_requests` ({}: not
-        counted)."""
+        `elapsed_s`, `servers/failures`, `servers/restarts`, `servers/resent_requests`,
+        `servers/stalls`, `servers/republished` ({}: not counted)."""
         if self.server_idle_s is None or before.server_idle_s is None:
             return {}
         idle = self.server_idle_s - before.server_idle_s
@@ -109,6 +111,8 @@ class GeneratorStats:
             "servers/failures": (self.server_failures, before.server_failures),
             "servers/restarts": (self.server_restarts, before.server_restarts),
             "servers/resent_requests": (self.requests_resent, before.requests_resent),
+            "servers/stalls": (self.server_stalls, before.server_stalls),
+            "servers/republished": (self.adapters_republished, before.adapters_republished),
         }
         for key, (now, then) in counters.items():
             if now is not None and then is not None:

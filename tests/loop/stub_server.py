@@ -1,15 +1,19 @@
 """A stand-in for vLLM's OpenAI server in `ServerProcess` tests: it starts in a blink.
 
     python -m tests.loop.stub_server [--env-out FILE] [--fail-with TEXT] [--never-ready]
-        [--fail-loads N] [--slow-s S] --host H --port P
+        [--fail-loads N] [--slow-s S] [--load-s L] --host H --port P
 
 Writes its environment to FILE (JSON), then serves `GET /health` with 200, the adapter
 endpoints a publication uses (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`,
 `GET /v1/models`: the names loaded, no weights), and `POST /v1/completions` as vLLM's token
 mode answers it (one token, 5, with its log-prob; the text names the model asked for, so a test
-sees which version sampled; a request for 100 tokens or more takes S seconds, long enough to
-kill the server under it). `--fail-with` prints TEXT and exits 1 instead (a failed start-up),
-`--never-ready` answers 503 forever, `--fail-loads N` refuses the first N adapter loads (500).
+sees which version sampled, and for an adapter the path it was loaded from after a space, so a
+test sees whose weights; a request for 100 tokens or more takes S seconds, long enough to kill
+the server under it). Like vLLM, a model not loaded is a 404 and loading a name already loaded
+a 400 ("... has already been loaded"). `--fail-with` prints TEXT and exits 1 instead (a failed
+start-up), `--never-ready` answers 503 forever, `--fail-loads N` refuses the first N adapter
+loads (500), `--load-s L` makes each load take L seconds; `POST /forget` drops every adapter
+(a server restarted by its owner).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def main() -> None:
     parser.add_argument("--never-ready", action="store_true")
     parser.add_argument("--fail-loads", type=int, default=0)
     parser.add_argument("--slow-s", type=float, default=3.0)
+    parser.add_argument("--load-s", type=float, default=0.0)
     args = parser.parse_args()
     if args.env_out:
         with open(args.env_out, "w") as out:
@@ -40,7 +45,7 @@ def main() -> None:
         sys.exit(1)
     status = 503 if args.never_ready else 200
 
-    loaded = {"base"}
+    loaded = {"base": ""}  # name -> the path it was loaded from
     refusals = [args.fail_loads]
 
     class Health(BaseHTTPRequestHandler):
@@ -54,9 +59,14 @@ def main() -> None:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/v1/completions":
+                if body["model"] not in loaded:
+                    message = f"The model `{body['model']}` does not exist."
+                    self.answer(404, {"error": {"message": message}})
+                    return
                 if body["max_tokens"] >= 100:
                     time.sleep(args.slow_s)
-                choice = {"text": body["model"], "token_ids": [5], "finish_reason": "stop",
+                text = " ".join(filter(None, (body["model"], loaded.get(body["model"]))))
+                choice = {"text": text, "token_ids": [5], "finish_reason": "stop",
                           "logprobs": {"token_logprobs": [-0.5]}}  # fmt: skip
                 self.answer(200, {"choices": [choice]})
                 return
@@ -64,10 +74,18 @@ def main() -> None:
                 refusals[0] -= 1
                 self.answer(500, {"error": {"message": "the adapter could not be read"}})
                 return
+            if self.path == "/v1/load_lora_adapter" and body["lora_name"] in loaded:
+                message = f"The lora adapter '{body['lora_name']}' has already been loaded."
+                self.answer(400, {"error": {"message": message}})
+                return
             if self.path == "/v1/load_lora_adapter":
-                loaded.add(body["lora_name"])
+                time.sleep(args.load_s)
+                loaded[body["lora_name"]] = body["lora_path"]
             elif self.path == "/v1/unload_lora_adapter":
-                loaded.discard(body["lora_name"])
+                loaded.pop(body["lora_name"], None)
+            elif self.path == "/forget":
+                for name in [name for name in loaded if name != "base"]:
+                    del loaded[name]
             else:
                 self.answer(404, {"error": {"message": f"no {self.path}"}})
                 return

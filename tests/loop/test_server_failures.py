@@ -73,7 +73,9 @@ async def test_a_server_that_refused_an_adapter_once_is_re_admitted_by_a_re_prob
         await until(lambda: refused.served == "run-v1")  # no publication in between
         assert await on_both(generator) == {0, 1}
         answer = await generator.generate([1, 2, 3, 4], SHORT)
-        assert answer.adapter_version == answer.text == "run-v1"  # it samples the version
+        assert (
+            answer.adapter_version == answer.text.split()[0] == "run-v1"
+        )  # it samples the version
     finally:
         await generator.close()
         for server in attached:
@@ -120,7 +122,7 @@ async def test_a_started_server_killed_mid_request_costs_only_time_and_is_restar
         assert old_pid is not None
         os.killpg(old_pid, signal.SIGKILL)
         answer = await request  # re-sent whole to the other server, with its version
-        assert answer.server == 1 and answer.adapter_version == answer.text == "run-v1"
+        assert answer.server == 1 and answer.adapter_version == answer.text.split()[0] == "run-v1"
         await until(lambda: killed.served == "run-v1")  # restarted, the adapter loaded first
         assert killed.process is not None and killed.process.pid != old_pid
         counted = generator.stats().servers_since(before, elapsed_s=1.0)
@@ -148,7 +150,7 @@ async def test_an_attached_server_that_died_is_re_probed_and_re_admitted(tmp_pat
         assert dying.pid is not None
         os.killpg(dying.pid, signal.SIGKILL)
         answer = await request
-        assert answer.server == 1 and answer.adapter_version == answer.text == "run-v1"
+        assert answer.server == 1 and answer.adapter_version == answer.text.split()[0] == "run-v1"
         assert generator.servers[0].served is None and generator.restarts == 0  # not ours
         dying.start(30)  # it answers again, at its URL, without the adapter
         await until(lambda: generator.servers[0].served == "run-v1")

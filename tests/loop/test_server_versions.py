@@ -44,7 +44,8 @@ class FakeClient:
 @pytest.fixture
 def servers(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A generator over two attached fake servers; its admin calls are recorded."""
-    monkeypatch.setattr(vllm_server, "healthy", lambda url: True)
+    monkeypatch.setattr(vllm_server, "healthy", lambda url, timeout_s=5.0: True)
+    monkeypatch.setattr(vllm_server, "clear_leftovers", lambda admin, url, prefix: None)
     calls: list[tuple[str, str]] = []
 
     def make(keep: int) -> tuple[VLLMServerGenerator, FakeClient, list[tuple[str, str]]]:

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -173,10 +174,12 @@ class ServerProcess:
 
     def stop(self) -> None:
         """End the server and everything it started: SIGTERM to its process group, SIGKILL
-        after a grace period; a no-op when it is not running."""
+        after a grace period (a stopped one is continued to act on it); a no-op when it is not
+        running."""
         process, self._process = self._process, None
         if process is not None:
             _signal_group(process.pid, signal.SIGTERM)
+            _signal_group(process.pid, signal.SIGCONT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(STOP_GRACE_S)
             _signal_group(process.pid, signal.SIGKILL)  # the engine core may outlive the server
@@ -214,6 +217,14 @@ def healthy(url: str, timeout_s: float = 5.0) -> bool:
         return httpx.get(url.removesuffix("/v1") + "/health", timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def start_together(processes: Sequence[ServerProcess], timeout_s: float) -> None:
+    """Start the servers together (each takes tens of seconds); the first failure raises."""
+    if processes:
+        with ThreadPoolExecutor(len(processes)) as pool:
+            for future in [pool.submit(p.start, timeout_s) for p in processes]:
+                future.result()
 
 
 def free_port() -> int:

@@ -11,32 +11,34 @@ token-id mode: prompt ids in, the sampled ids and their processed log-probs out)
 (vllm/routing.py): a task's K rollouts and every later turn of each go to one server,
 with one adapter version; new groups go to the least-loaded server.
 
-Versions. `load_adapter(path)` publishes a new adapter under a name never used before in this
-run, `<prefix>-v<k>`, on every server (`POST /v1/load_lora_adapter`; a 404 is retried for a
-shared filesystem that has not shown the files yet), confirms it in `GET /v1/models`, and only
-then routes new groups to it. Each request carries `cache_salt` = its version (plus this
-trainer's nonce), so no prefix-cache block computed under other weights is ever reused
-(reusing one name across weights reuses stale blocks: vllm#42125). A server that fails to load
-leaves routing (never serves a mixed version) and is re-probed (below).
-The newest `keep_versions` versions stay loaded (1: only the current one; S + 1 when the
-trainer collects S iterations ahead, `train.overlap.max_staleness`), so a request may name an older
-one (`SamplingParams.version`: every turn of a group samples the version current when the
-group was dispatched); an older version is retired and unloaded once no request uses it, and
-a request naming a retired one fails (`GeneratorError`).
+Versions. `load_adapter(path)` publishes a new adapter on every server at once under a name
+never used before, `<prefix>-v<k>` (the prefix: the run's name and its adapter nonce, kept in
+the run directory, so two runs named alike never share a name, and a resumed run unloads what
+its earlier life left on an attached server); a name a server already holds that we did not
+send it is an error, never replaced. A load (`POST /v1/load_lora_adapter`; a 404 retried for a
+shared filesystem slow to show the files) counts once `GET /v1/models` lists it; the version
+becomes current, the one new groups are pinned to, only then: until a server confirms it, new
+groups pin the previous one. Each request carries `cache_salt` = its version (plus this
+trainer's nonce): no prefix-cache block computed under other weights is reused (vllm#42125).
+A server that fails to load leaves routing (never serves a mixed version) and is re-probed.
+The newest `keep_versions` stay loaded (S + 1 when the trainer collects S iterations ahead,
+`train.overlap.max_staleness`): every turn of a group samples the version it was pinned to
+(`SamplingParams.version`); an older one is unloaded once no request uses it, and a request
+naming it fails (`GeneratorError`).
 
-Failures. A server that dies costs only time. A request whose server is found dead after the
-request failed (no connection, a reset: `ServerFailureError`; never an answer about the request,
-such as a 4xx) is re-sent, whole from the same prompt and with the same version, to a server
-that holds that version (another, or this one once restarted), up to `request_resends` times:
-the rollout's earlier turns are unchanged, so the trajectory stays token exact, and the group's
-later requests follow it. The dead server leaves routing: a started one is restarted in the
-background (up to `max_restarts` times), an attached one (or one that answers but refused an
-adapter) is re-probed every `probe_every_s` and at each publication; either returns to routing
-only once it holds the current version (`GET /health` answered, the adapter loaded and listed).
-While a started server restarts and no other is ready, a request waits up to `ready_timeout_s`
-(default: as long as a start may take); with none ready and none restarting it fails at once, in
-one line naming each server, its state and its log. `stats()` counts the failures, restarts and
-re-sent requests (`servers/*` in the run's metrics).
+Failures. A server that dies or stops costs only time. Every `probe_every_s` each server in
+routing is asked `GET /health` (answered within `health_timeout_s`) and whether it still lists
+its version. One that died or stopped answering leaves routing: a started one is killed and
+restarted in the background (up to `max_restarts` times), an attached one is re-probed every
+`probe_every_s` and at each publication; one that lost its adapters (restarted by its owner)
+is re-probed too. Each returns only once it holds the newest version (loaded and listed). A
+request whose server failed under it (no connection, a reset, a timeout: `ServerFailureError`,
+the server then found down; or the server left routing meanwhile) is re-sent whole, same
+prompt and version, to a server holding that version, up to `request_resends` times: the
+trajectory stays token exact. While a started server restarts and no other is ready, a request
+waits up to `ready_timeout_s`; with none ready and none restarting it fails at once, in one line
+naming each server, its state and its log. `stats()` counts the failures, stalls, restarts,
+republications and re-sent requests (`servers/*` in the run's metrics).
 """
 
 from __future__ import annotations
@@ -58,22 +60,26 @@ import httpx
 from loop.generators.base import Generation, GeneratorError, GeneratorStats, SamplingParams
 from loop.generators.openai import OpenAIGenerator, ServerFailureError
 from loop.generators.vllm.endpoint import (
-    ADMIN_TIMEOUT_S,
     LOAD_RETRIES,
     LOAD_RETRY_S,
+    PUBLISH_TIMEOUT_S,
     Server,
     admin_post,
+    clear_leftovers,
+    listed,
     load_on,
+    states,
 )
-from loop.generators.vllm.process import ServerProcess, healthy
+from loop.generators.vllm.process import ServerProcess, healthy, start_together
 from loop.generators.vllm.routing import PrefixRouter
 
 log = logging.getLogger(__name__)
-# An attached server out of routing is asked again this often: the 404 window of a load
-# (LOAD_RETRIES x LOAD_RETRY_S), so a filesystem that was slow to show the files is not
-# waited on for longer than it took to give up on it.
+# Servers are asked again this often: the 404 window of a load (LOAD_RETRIES x LOAD_RETRY_S),
+# so a filesystem slow to show the files is not waited on longer than it took to give up on it.
 PROBE_EVERY_S = LOAD_RETRIES * LOAD_RETRY_S
+WATCH_REQUEST_S = 0.25  # how often a request in flight looks whether its server left routing
 REQUEST_RESENDS = 2  # a request re-sent after its server died: at most on two more servers
+HEALTH_TIMEOUT_S = 30.0  # a server that does not answer GET /health this long has stopped
 
 
 class VLLMServerGenerator:
@@ -92,6 +98,8 @@ class VLLMServerGenerator:
         start_timeout_s: float = 600.0,
         ready_timeout_s: float | None = None,
         request_timeout_s: float = 600.0,
+        publish_timeout_s: float = PUBLISH_TIMEOUT_S,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
         max_concurrency: int = 256,
         max_restarts: int = 3,
         keep_versions: int = 1,
@@ -104,8 +112,10 @@ class VLLMServerGenerator:
         `base_model`: the name the servers serve the base weights under; `adapter_prefix`: the
         run's name, the stem of every version's name; `keep_versions`: the newest versions kept
         loaded (the servers' `--max-loras` must hold them); `probe_every_s`: how often a
-        server out of routing is asked again; `request_resends`: how many other servers a
-        request whose server died is re-sent to."""
+        server is asked whether it answers and holds its version (out of routing: whether it
+        may return); `request_resends`: how many other servers a request whose server died is
+        re-sent to; `request_timeout_s`, `publish_timeout_s`, `health_timeout_s`: the longest
+        wait for a completion, an adapter load and a health probe."""
         if not processes and not urls:
             raise ValueError("the vllm_server generator needs servers to start or URLs")
         if keep_versions < 1:
@@ -117,13 +127,17 @@ class VLLMServerGenerator:
         self.ready_timeout_s = start_timeout_s if ready_timeout_s is None else ready_timeout_s
         self.request_timeout_s, self.max_concurrency = request_timeout_s, max_concurrency
         self.max_restarts, self.probe_every_s = max_restarts, probe_every_s
-        self.request_resends = request_resends
+        self.request_resends, self.health_timeout_s = request_resends, health_timeout_s
         self.servers = [Server(url) for url in urls]
         self.servers += [Server(p.url, process=p) for p in processes]
-        self.current = base_model  # the version new groups get
+        self.current = base_model  # the version new groups get: one a server confirmed
         self.adapter_path: Path | None = None
+        # the newest published version, which servers coming back load (current once confirmed)
+        self.target: tuple[str, Path | None] = (base_model, None)
         self.restarts = 0  # started servers restarted
-        self.failures = 0  # servers that left routing (died, or refused an adapter)
+        self.failures = 0  # servers that left routing (died, stopped, refused an adapter)
+        self.stalls = 0  # servers that stopped answering their health probe (left routing)
+        self.republished = 0  # servers that lost their adapters (restarted by their owner)
         self.resent = 0  # requests re-sent to another server after theirs died
         self._closing = threading.Event()  # close(): the probes stop
         self._nonce = secrets.token_hex(4)  # this trainer's cache salts differ from any other's
@@ -133,21 +147,25 @@ class VLLMServerGenerator:
         self._live: list[str] = []  # the adapter versions kept loaded, oldest first
         self._router = PrefixRouter()
         self._lock = threading.Lock()  # server state, shared with the restart threads
-        self._admin = httpx.Client(timeout=ADMIN_TIMEOUT_S)
+        self._admin = httpx.Client(timeout=publish_timeout_s)
         try:
-            self._start_all(processes)
+            start_together(processes, start_timeout_s)
         except BaseException:
             self._stop_all()
             raise
         for server in self.servers:
+            server.url = server.process.url if server.process is not None else server.url
             if server.process is None and not healthy(server.url):
                 self._stop_all()
                 raise GeneratorError(f"no vLLM server answers at {server.url} (generator.servers)")
+            if server.process is None:
+                clear_leftovers(self._admin, server.url, f"{adapter_prefix}-v")
             server.served = base_model
+        threading.Thread(target=self._watch, daemon=True).start()
 
     @property
     def version(self) -> str:
-        """The version new groups sample: the newest published (the base before any)."""
+        """The version new groups sample: the newest a server confirmed (the base before any)."""
         return self.current
 
     async def generate(
@@ -199,43 +217,51 @@ class VLLMServerGenerator:
         return GeneratorStats(
             server_idle_s=self.idle_seconds(), server_failures=self.failures,
             server_restarts=self.restarts, requests_resent=self.resent,
+            server_stalls=self.stalls, adapters_republished=self.republished,
         )  # fmt: skip
 
     def load_adapter(self, path: Path | None) -> None:
         """Publish the adapter in `path` (None: the base weights) as a new version on every
-        server; new groups sample from it once its load is confirmed (see the module docstring).
+        server (in parallel); new groups sample from it once a server confirmed it (see the
+        module docstring), the previous version until then.
 
         Called between iterations, with no request of the new version in flight."""
         version = f"{self.adapter_prefix}-v{next(self._versions)}" if path else self.base_model
         path = Path(path).resolve() if path else None
-        loaded, failures, dead = [], {}, {}
         with self._lock:
-            previous, previous_path = self.current, self.adapter_path
-            self.current, self.adapter_path = version, path
-        for index, server in enumerate(self.servers):
+            previous_target, self.target = self.target, (version, path)
+        serving = [i for i, s in enumerate(self.servers) if not (s.restarting or s.probing)]
+        for server in self.servers:
             if server.restarting or server.probing:
-                server.wake.set()  # it loads the current version itself before it returns
-                continue
+                server.wake.set()  # it loads the target itself before it returns
+
+        def load(index: int) -> tuple[str, bool] | None:  # None, or why not and if it is down
             try:
-                self._load_on(server, version, path)
-                loaded.append(index)
+                self._load_on(self.servers[index], version, path)
             except GeneratorError as exc:
-                if server.process is not None and not (
-                    server.process.alive() and healthy(server.url)
-                ):
-                    dead[index] = str(exc)  # ours and gone: restarted with this version
-                else:
-                    failures[index] = str(exc)
-        if failures and not loaded and not dead:  # the adapter's fault: the servers keep serving
-            with self._lock:
-                self.current, self.adapter_path = previous, previous_path
-            raise GeneratorError(f"no vLLM server loaded {version}: {'; '.join(failures.values())}")
-        for index in loaded:
-            self.servers[index].served = version
-            self.servers[index].loaded.add(version)
-        for index, failure in (failures | dead).items():
+                return str(exc), self._down(index)
+            return None
+
+        with ThreadPoolExecutor(max(1, len(serving))) as pool:
+            outcomes = dict(zip(serving, pool.map(load, serving), strict=True))
+        loaded = [i for i, outcome in outcomes.items() if outcome is None]
+        failures = {i: o for i, o in outcomes.items() if o is not None and not o[1]}
+        dead = {i: o for i, o in outcomes.items() if o is not None and o[1]}
+        with self._lock:
+            if failures and not loaded and not dead and self.current != version:
+                self.target = previous_target  # the adapter's fault: the servers keep serving
+                raise GeneratorError(f"no vLLM server loaded {version}: "
+                                     f"{'; '.join(o[0] for o in failures.values())}")  # fmt: skip
+            for index in loaded:
+                server = self.servers[index]
+                if server.served is not None:  # still in routing (not lost meanwhile)
+                    server.served = version
+                    server.loaded.add(version)
+            if loaded:
+                self.current, self.adapter_path = version, path
+        for index, (failure, down) in (failures | dead).items():
             log.warning("vLLM server %d leaves routing: %s", index, failure)
-            self._lost(index, down=index in dead)  # back once it holds the current version
+            self._lost(index, down=down)  # back once it holds the target version
         self._live = [v for v in self._live if v != version] + [version] * (path is not None)
         while len(self._live) > self.keep_versions:  # the oldest leave once no request uses them
             old = self._live.pop(0)
@@ -279,12 +305,11 @@ class VLLMServerGenerator:
                 load = {i: s.in_flight for i, s in enumerate(self.servers)}
                 pin = self._router.route(prompt, ready, load)
                 return pin.server, pin.version
-            if not any(s.restarting for s in self.servers):
-                raise GeneratorError(f"no vLLM server serves {version}; {self._states()}")
-            if time.monotonic() > deadline:
-                raise GeneratorError(
-                    f"no vLLM server ready after {self.ready_timeout_s:.0f} s; {self._states()}"
-                )
+            late = time.monotonic() > deadline
+            if late or not any(s.restarting for s in self.servers):
+                why = f"ready after {self.ready_timeout_s:.0f} s" if late else f"serves {version}"
+                listing = states(self.servers, self.probe_every_s)
+                raise GeneratorError(f"no vLLM server {why}; {listing}")
             await asyncio.sleep(0.5)
 
     async def _client(self, server: Server) -> OpenAIGenerator:
@@ -311,11 +336,19 @@ class VLLMServerGenerator:
         """One request on server `index`, sampling `version` (its idle time counted)."""
         server = self.servers[index]
         client = await self._client(server)
+        outages = server.outages
         server.begin()
+        salt = {"cache_salt": f"{version}-{self._nonce}"}
+        request = asyncio.ensure_future(
+            client.generate(prompt, params, model=version, extra_fields=salt)
+        )
         try:
-            salt = {"cache_salt": f"{version}-{self._nonce}"}
-            return await client.generate(prompt, params, model=version, extra_fields=salt)
+            while not (await asyncio.wait({request}, timeout=WATCH_REQUEST_S))[0]:
+                if server.outages != outages:  # it left routing (stopped answering): fail over
+                    raise ServerFailureError(f"{server.url} left routing during the request")
+            return request.result()
         finally:
+            request.cancel()
             server.end()
 
     def _down(self, index: int) -> bool:
@@ -323,26 +356,13 @@ class VLLMServerGenerator:
         server = self.servers[index]
         if server.process is not None and not server.process.alive():
             return True
-        return not healthy(server.url)
-
-    def _states(self) -> str:
-        """Each server's state in one line: `0 http://...: run-v3 (log: ...)`."""
-        states = []
-        for i, s in enumerate(self.servers):
-            state = (
-                "restarting" if s.restarting else
-                f"out, re-probed every {self.probe_every_s:.0f} s" if s.probing else
-                s.served or "down for good"
-            )  # fmt: skip
-            where = f" (log: {s.process.log_path})" if s.process is not None else ""
-            states.append(f"{i} {s.url}: {state}{where}")
-        return "servers " + ", ".join(states)
+        return not healthy(server.url, self.health_timeout_s)
 
     # -- adapters -----------------------------------------------------------------------------
 
     def _load_on(self, server: Server, version: str, path: Path | None) -> None:
         """Make `server` serve `version` (the adapter in `path`; None: the base weights)."""
-        load_on(self._admin, server.url, version, path)
+        load_on(self._admin, server.url, version, path, server.sent)
 
     def _unload(self, version: str) -> None:
         """Unload a retired version from every server that still answers."""
@@ -361,17 +381,6 @@ class VLLMServerGenerator:
 
     # -- process life ---------------------------------------------------------------------------
 
-    def _start_all(self, processes: Sequence[ServerProcess]) -> None:
-        """Start the servers together (each takes tens of seconds); the first failure raises."""
-        if not processes:
-            return
-        with ThreadPoolExecutor(len(processes)) as pool:
-            for future in [pool.submit(p.start, self.start_timeout_s) for p in processes]:
-                future.result()
-        for server in self.servers:
-            if server.process is not None:
-                server.url = server.process.url
-
     def _check_processes(self) -> None:
         """Take servers whose process died out of routing (and restart them)."""
         for index, server in enumerate(self.servers):
@@ -387,7 +396,8 @@ class VLLMServerGenerator:
             if server.served is None:
                 return  # already out (restarting, re-probed, or gone for good)
             server.served = None
-            server.loaded.clear()  # back, it holds only the current version
+            server.outages += 1  # its requests in flight fail over
+            server.loaded.clear()  # back, it holds only the target version
             self._router.forget_server(index)
             self.failures += 1
             restart = down and server.process is not None
@@ -437,7 +447,7 @@ class VLLMServerGenerator:
                     self._restart(index)
                 return
             try:
-                if not healthy(server.url):
+                if not healthy(server.url, self.health_timeout_s):
                     raise GeneratorError(f"{server.url} does not answer GET /health")
                 self._readmit(index)  # back in routing (it clears `probing`)
                 return
@@ -445,19 +455,44 @@ class VLLMServerGenerator:
                 log.info("vLLM server %d stays out of routing: %s", index, exc)
 
     def _readmit(self, index: int) -> None:
-        """Load the current version on server `index` and return it to routing; a publication
-        that lands meanwhile is loaded too (the server never serves an older current)."""
+        """Load the target version on server `index` and return it to routing (the target is
+        current from then on); a publication that lands meanwhile is loaded too."""
         server = self.servers[index]
-        while True:
+        while not self._closing.is_set():
             with self._lock:
-                version, path = self.current, self.adapter_path
+                version, path = self.target
             self._load_on(server, version, path)
             with self._lock:
-                if self.current == version:
+                if self.target[0] == version:
                     server.served, server.loaded = version, {version}
                     server.restarting = server.probing = False  # in routing from now on
+                    self.current, self.adapter_path = version, path
                     log.warning("vLLM server %d is back, serving %s", index, version)
                     return
+
+    def _watch(self) -> None:
+        """Every `probe_every_s`, ask each server in routing whether it answers (`/health`
+        within `health_timeout_s`) and still lists its version; one that does not leaves
+        routing: a stopped one is restarted (ours) or re-probed, one that lost its adapters
+        (restarted by its owner) gets the target loaded again before it serves."""
+        while not self._closing.wait(self.probe_every_s):
+            for index, server in enumerate(self.servers):
+                version = server.served
+                if version is None or server.restarting or self._closing.is_set():
+                    continue
+                if self._down(index):
+                    log.warning("vLLM server %d at %s stopped answering", index, server.url)
+                    self.stalls += 1
+                    self._lost(index, down=True)
+                    continue
+                try:
+                    names = listed(self._admin, server.url) if version != self.base_model else ()
+                except GeneratorError:
+                    continue  # asked again next round (or found down)
+                if names and version not in names and server.served == version:
+                    log.warning("vLLM server %d lost %s: loading it again", index, version)
+                    self.republished += 1
+                    self._lost(index, down=False)
 
     def _stop_all(self) -> None:
         for server in self.servers:
