@@ -214,3 +214,26 @@ async def test_an_attached_server_that_forgot_its_adapters_gets_the_newest_befor
     finally:
         await generator.close()
         server.stop()
+
+
+async def test_a_request_to_a_server_that_forgot_its_adapters_fails_over(tmp_path: Path) -> None:
+    forgetful, other = stub(tmp_path, "a"), stub(tmp_path, "b")
+    for server in (forgetful, other):
+        server.start(30)
+    generator = VLLMServerGenerator(
+        base_model="base", adapter_prefix="run", urls=[forgetful.url, other.url],
+        probe_every_s=3600.0,
+    )  # fmt: skip
+    try:
+        v1 = adapter(tmp_path, "v1")
+        generator.load_adapter(v1)
+        httpx.post(forgetful.url.removesuffix("/v1") + "/forget", json={})  # before any probe
+        answer = await generator.generate([1, 2, 3], SHORT)  # its 404 is not the rollout's
+        assert answer.server == 1 and answer.adapter_version == "run-v1"
+        assert generator.resent == 1 and generator.stats().adapters_republished == 1
+        await until(lambda: generator.servers[0].served == "run-v1")  # loaded again at once
+        assert await on_both(generator) == {0, 1}
+    finally:
+        await generator.close()
+        for server in (forgetful, other):
+            server.stop()

@@ -22,7 +22,7 @@ import httpx
 
 from loop.generators.base import GeneratorError
 from loop.generators.openai import OpenAIGenerator, server_message
-from loop.generators.vllm.process import ServerProcess
+from loop.generators.vllm.process import ServerProcess, healthy
 
 PUBLISH_TIMEOUT_S = 120.0  # one adapter load (a 32B LoRA from a network filesystem: seconds)
 LOAD_RETRIES = 5  # a 404 while the adapter's files are not yet visible on the server's host
@@ -61,6 +61,19 @@ class Server:
         self.in_flight -= 1
         if self.in_flight == 0:
             self.idle_from = time.monotonic()
+
+    def down(self, timeout_s: float) -> bool:
+        """Whether it is dead: its process gone (ours) or `GET /health` unanswered."""
+        if self.process is not None and not self.process.alive():
+            return True
+        return not healthy(self.url, timeout_s)
+
+    def forgot(self, admin: httpx.Client, version: str) -> bool:
+        """Whether it answers `GET /v1/models` without `version` (restarted by its owner)."""
+        try:
+            return version not in listed(admin, self.url)
+        except GeneratorError:
+            return False  # not answering: `down` decides
 
     def idle_seconds(self) -> float:
         """Seconds so far with no request in flight on this server."""

@@ -27,18 +27,18 @@ The newest `keep_versions` stay loaded (S + 1 when the trainer collects S iterat
 naming it fails (`GeneratorError`).
 
 Failures. A server that dies or stops costs only time. Every `probe_every_s` each server in
-routing is asked `GET /health` (answered within `health_timeout_s`) and whether it still lists
-its version. One that died or stopped answering leaves routing: a started one is killed and
-restarted in the background (up to `max_restarts` times), an attached one is re-probed every
-`probe_every_s` and at each publication; one that lost its adapters (restarted by its owner)
-is re-probed too. Each returns only once it holds the newest version (loaded and listed). A
-request whose server failed under it (no connection, a reset, a timeout: `ServerFailureError`,
-the server then found down; or the server left routing meanwhile) is re-sent whole, same
-prompt and version, to a server holding that version, up to `request_resends` times: the
-trajectory stays token exact. While a started server restarts and no other is ready, a request
-waits up to `ready_timeout_s`; with none ready and none restarting it fails at once, in one line
-naming each server, its state and its log. `stats()` counts the failures, stalls, restarts,
-republications and re-sent requests (`servers/*` in the run's metrics).
+routing is asked `GET /health` (within `health_timeout_s`) and whether it lists its version.
+One that died or stopped answering leaves routing: a started one is killed and restarted in
+the background (up to `max_restarts` times), an attached one re-probed every `probe_every_s`
+and at each publication; one that lost its adapters (restarted by its owner, seen then or in a
+request's 404) gets the newest loaded at once. Each returns only once it holds the newest
+version (loaded and listed). A request whose server failed under it (no connection, a reset, a
+timeout: `ServerFailureError`, the server then found down; a 404 for a version it lost; or its
+server left routing meanwhile) is re-sent whole, same prompt and version, to a server holding
+it, up to `request_resends` times: the trajectory stays token exact. While a started server
+restarts and none other is ready, a request waits up to `ready_timeout_s`; with none ready and
+none restarting it fails at once, in one line naming each server, its state and its log.
+`stats()` counts failures, stalls, restarts, republications and re-sent requests (`servers/*`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ from loop.generators.vllm.endpoint import (
     Server,
     admin_post,
     clear_leftovers,
-    listed,
     load_on,
     states,
 )
@@ -188,7 +187,8 @@ class VLLMServerGenerator:
                     return dataclasses.replace(generation, server=index, adapter_version=version)
                 except ServerFailureError as exc:
                     out = self.servers[index].served is None  # found dead by another request
-                    if not out and not await asyncio.to_thread(self._down, index):
+                    down = self.servers[index].down
+                    if not out and not await asyncio.to_thread(down, self.health_timeout_s):
                         raise  # it answers: the failure is this request's, not the server's
                     self._lost(index, down=True)
                     if resend == self.request_resends:
@@ -239,7 +239,7 @@ class VLLMServerGenerator:
             try:
                 self._load_on(self.servers[index], version, path)
             except GeneratorError as exc:
-                return str(exc), self._down(index)
+                return str(exc), self.servers[index].down(self.health_timeout_s)
             return None
 
         with ThreadPoolExecutor(max(1, len(serving))) as pool:
@@ -347,16 +347,15 @@ class VLLMServerGenerator:
                 if server.outages != outages:  # it left routing (stopped answering): fail over
                     raise ServerFailureError(f"{server.url} left routing during the request")
             return request.result()
+        except GeneratorError as exc:  # a 404 for a version it no longer lists: fail over
+            lost = " answered 404" in str(exc) and not isinstance(exc, ServerFailureError)
+            if lost and await asyncio.to_thread(server.forgot, self._admin, version):
+                self._republish(index, version)
+                raise ServerFailureError(f"{server.url} lost {version}: {exc}") from exc
+            raise
         finally:
             request.cancel()
             server.end()
-
-    def _down(self, index: int) -> bool:
-        """Whether server `index` is dead: its process gone (ours) or `/health` unanswered."""
-        server = self.servers[index]
-        if server.process is not None and not server.process.alive():
-            return True
-        return not healthy(server.url, self.health_timeout_s)
 
     # -- adapters -----------------------------------------------------------------------------
 
@@ -480,19 +479,20 @@ class VLLMServerGenerator:
                 version = server.served
                 if version is None or server.restarting or self._closing.is_set():
                     continue
-                if self._down(index):
+                if server.down(self.health_timeout_s):
                     log.warning("vLLM server %d at %s stopped answering", index, server.url)
                     self.stalls += 1
                     self._lost(index, down=True)
-                    continue
-                try:
-                    names = listed(self._admin, server.url) if version != self.base_model else ()
-                except GeneratorError:
-                    continue  # asked again next round (or found down)
-                if names and version not in names and server.served == version:
-                    log.warning("vLLM server %d lost %s: loading it again", index, version)
-                    self.republished += 1
-                    self._lost(index, down=False)
+                elif version != self.base_model and server.forgot(self._admin, version):
+                    self._republish(index, version)
+
+    def _republish(self, index: int, version: str) -> None:
+        """Server `index` lost `version` (restarted by its owner): out of routing, and the
+        newest version loaded on it at once (a re-probe, woken) before it serves again."""
+        log.warning("vLLM server %d lost %s: loading the newest again", index, version)
+        self.republished += self.servers[index].served is not None
+        self._lost(index, down=False)
+        self.servers[index].wake.set()
 
     def _stop_all(self) -> None:
         for server in self.servers:
