@@ -98,15 +98,17 @@ async def test_a_name_a_server_holds_that_we_did_not_load_is_an_error(tmp_path: 
 async def test_a_resumed_run_unloads_what_its_earlier_life_left(tmp_path: Path) -> None:
     server = stub(tmp_path, "shared")
     server.start(30)
-    earlier = VLLMServerGenerator(base_model="base", adapter_prefix="x-n", urls=[server.url])
-    earlier.load_adapter(adapter(tmp_path, "before"))
-    await earlier.close()  # killed: its adapter stays on the attached server
+    for k in (1, 2):  # a killed earlier life of run x-n left its adapters there
+        left = {"lora_name": f"x-n-v{k}", "lora_path": str(adapter(tmp_path, f"before-{k}"))}
+        assert httpx.post(server.url + "/load_lora_adapter", json=left).status_code == 200
     resumed = VLLMServerGenerator(base_model="base", adapter_prefix="x-n", urls=[server.url])
     try:
         now = adapter(tmp_path, "now")
         resumed.load_adapter(now)  # x-n-v1 again, with the resumed weights
         answer = await resumed.generate([1, 2, 3], SHORT)
         assert answer.adapter_version == "x-n-v1" and weights(answer.text) == str(now)
+        await resumed.close()  # an attached server is left without our adapters
+        assert [m["id"] for m in httpx.get(server.url + "/models").json()["data"]] == ["base"]
     finally:
         await resumed.close()
         server.stop()
@@ -207,7 +209,7 @@ async def test_an_attached_server_that_forgot_its_adapters_gets_the_newest_befor
             names = {m["id"] for m in httpx.get(server.url + "/models").json()["data"]}
             return "run-v1" in names
 
-        await until(lambda: not lists_v1() and generator.stats().adapters_republished == 1)
+        await until(lambda: generator.stats().adapters_republished == 1)  # seen by a probe
         await until(lambda: lists_v1() and generator.servers[0].served == "run-v1")
         answer = await generator.generate([1, 2, 3], SHORT)
         assert answer.adapter_version == "run-v1" and weights(answer.text) == str(v1)

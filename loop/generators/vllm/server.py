@@ -44,6 +44,7 @@ none restarting it fails at once, in one line naming each server, its state and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -108,19 +109,19 @@ class VLLMServerGenerator:
         """Start `processes` (in parallel) and attach to `urls`; `GeneratorError` when a started
         server fails (its cause in one line) or an attached one does not answer `/health`.
 
-        `base_model`: the name the servers serve the base weights under; `adapter_prefix`: the
-        run's name, the stem of every version's name; `keep_versions`: the newest versions kept
-        loaded (the servers' `--max-loras` must hold them); `probe_every_s`: how often a
-        server is asked whether it answers and holds its version (out of routing: whether it
-        may return); `request_resends`: how many other servers a request whose server died is
-        re-sent to; `request_timeout_s`, `publish_timeout_s`, `health_timeout_s`: the longest
-        wait for a completion, an adapter load and a health probe."""
+        `base_model`: the base weights' name; `adapter_prefix`: the stem of every version's
+        name (the run's name and nonce); `keep_versions`: the newest versions kept loaded (the
+        servers' `--max-loras` must hold them); `probe_every_s`: how often a server is asked
+        whether it answers and holds its version; `request_resends`: how many other servers a
+        request whose server died is re-sent to; `request_timeout_s`, `publish_timeout_s`,
+        `health_timeout_s`: the longest wait for a completion, a load and a health probe."""
         if not processes and not urls:
             raise ValueError("the vllm_server generator needs servers to start or URLs")
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         self.keep_versions = keep_versions
         self.base_model, self.adapter_prefix = base_model, adapter_prefix
+        self._prefix = f"{adapter_prefix}-v"  # every version's name starts so
         self.start_timeout_s = start_timeout_s
         # a request waits for a restart as long as a start may take (None)
         self.ready_timeout_s = start_timeout_s if ready_timeout_s is None else ready_timeout_s
@@ -158,7 +159,7 @@ class VLLMServerGenerator:
                 self._stop_all()
                 raise GeneratorError(f"no vLLM server answers at {server.url} (generator.servers)")
             if server.process is None:
-                clear_leftovers(self._admin, server.url, f"{adapter_prefix}-v")
+                clear_leftovers(self._admin, server.url, self._prefix)
             server.served = base_model
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -222,18 +223,15 @@ class VLLMServerGenerator:
 
     def load_adapter(self, path: Path | None) -> None:
         """Publish the adapter in `path` (None: the base weights) as a new version on every
-        server (in parallel); new groups sample from it once a server confirmed it (see the
-        module docstring), the previous version until then.
-
-        Called between iterations, with no request of the new version in flight."""
-        version = f"{self.adapter_prefix}-v{next(self._versions)}" if path else self.base_model
+        server (in parallel); new groups sample from it once a server confirmed it, the
+        previous version until then (see the module docstring)."""
+        version = f"{self._prefix}{next(self._versions)}" if path else self.base_model
         path = Path(path).resolve() if path else None
         with self._lock:
             previous_target, self.target = self.target, (version, path)
         serving = [i for i, s in enumerate(self.servers) if not (s.restarting or s.probing)]
-        for server in self.servers:
-            if server.restarting or server.probing:
-                server.wake.set()  # it loads the target itself before it returns
+        for server in self.servers:  # one out of routing loads the target itself, woken now
+            server.wake.set()
 
         def load(index: int) -> tuple[str, bool] | None:  # None, or why not and if it is down
             try:
@@ -273,11 +271,13 @@ class VLLMServerGenerator:
         """Nothing: the servers' memory is not the learners'."""
 
     async def close(self) -> None:
-        """Close the clients and stop the servers started here (attached ones keep running)."""
+        """Close the clients, stop the servers started here, unload our adapters from the rest."""
         self._closing.set()
+        for server in (s for s in self.servers if s.process is None and s.served is not None):
+            with contextlib.suppress(GeneratorError):  # best effort: a resume clears the rest
+                await asyncio.to_thread(clear_leftovers, self._admin, server.url, self._prefix)
         for server in self.servers:
             server.wake.set()
-        for server in self.servers:
             if server.client is not None:
                 await server.client.close()
                 server.client = None
