@@ -438,3 +438,13 @@ def test_a_server_start_bound_stays_below_the_collective_timeout() -> None:
     check_run(load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", late), 1)  # none wait
     attached = [*late, "generator.servers=[http://node2:8000/v1]", "generator.devices=[]"]
     check_run(load_config(ROOT / "configs" / "qwen2.5-32b-8gpu.yaml", attached), 4)  # none start
+
+
+@pytest.mark.parametrize("key", ["request", "publish", "health"])
+def test_a_server_timeout_must_be_positive(key: str) -> None:
+    """`generator.{request,publish,health}_timeout_s` bound a completion, an adapter load and a
+    health probe (loop/generators/vllm/server.py); 0 would fail every one of them."""
+    config = ROOT / "configs" / "quickstart-servers.yaml"
+    assert load_config(config, []).generator.health_timeout_s > 0
+    with pytest.raises(ConfigError, match=f"generator.{key}_timeout_s must be > 0"):
+        load_config(config, [f"generator.{key}_timeout_s=0"])
