@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 # Servers are asked again this often: the 404 window of a load (LOAD_RETRIES x LOAD_RETRY_S),
 # so a filesystem slow to show the files is not waited on longer than it took to give up on it.
 PROBE_EVERY_S = LOAD_RETRIES * LOAD_RETRY_S
-WATCH_REQUEST_S = 0.25  # how often a request in flight looks whether its server left routing
+WATCH_REQUEST_S = 1.0  # how often a request in flight looks whether its server left routing
 REQUEST_RESENDS = 2  # a request re-sent after its server died: at most on two more servers
 HEALTH_TIMEOUT_S = 30.0  # a server that does not answer GET /health this long has stopped
 
