@@ -142,7 +142,7 @@ class OpenAIGenerator:
     @property
     def url(self) -> str:
         """The endpoint's base URL (errors name the server by it)."""
-        return str(self._client.base_url)
+        return str(self._client.base_url).rstrip("/")
 
     def load_adapter(self, path: Path | None) -> None:
         """Endpoints serve fixed models: only None (no adapter) is accepted."""
