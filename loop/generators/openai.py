@@ -97,9 +97,10 @@ class OpenAIGenerator:
         self.model, self.mode, self.tokenizer = model, mode, tokenizer
         self.max_retries, self.backoff_s, self.text_fallback = max_retries, backoff_s, text_fallback
         self.plain_completions = False  # set once the server has refused token-id prompts
-        self._specials = _special_texts(tokenizer)
+        specials = special_texts(tokenizer)
+        self._specials = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._special_ids = frozenset(tokenizer.all_special_ids if tokenizer is not None else ())
-        self._vocab = Vocabulary.of(tokenizer, self._specials) if tokenizer is not None else None
+        self._vocab = Vocabulary.of(tokenizer, specials) if tokenizer is not None else None
         api_key = os.environ.get(api_key_env)
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
@@ -315,17 +316,14 @@ class _BadRequestError(GeneratorError):
     """A 400 answer: the request itself was refused (and retrying it unchanged is pointless)."""
 
 
-def _special_texts(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
-    """A pattern of the tokenizer's special-token texts, longest first (None: no tokenizer)."""
+def special_texts(tokenizer: Tokenizer | None) -> list[str]:
+    """The tokenizer's special-token texts, longest first ([]: no tokenizer)."""
     if tokenizer is None:
-        return None
+        return []
     texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
-    texts = {text for text in texts if text}
-    if not texts:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+    return sorted((text for text in texts if text), key=len, reverse=True)
 
 
 def _marked(generation: Generation, forged: int) -> Generation:

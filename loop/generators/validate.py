@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,29 +47,31 @@ from loop.generators.base import FinishReason, InvalidGenerationError, SamplingP
 from loop.generators.tokenizer import Tokenizer
 
 LOGPROB_TOLERANCE = 1e-4  # the largest log-prob accepted (float32 rounding of log(1))
+TOP = LOGPROB_TOLERANCE
+REAL = frozenset({int, float})  # exact types: a bool is an int subclass, and no log-prob
 SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}")  # a hosted model's dated snapshot suffix
-UNPRINTED = re.compile(r"\s+|\ufffd")  # what detokenisers may differ by (with special texts)
 
 
 @dataclass(frozen=True)
 class Vocabulary:
     """What the checks need of a tokenizer, read once: its size (added tokens included),
-    `decode`, and a pattern of its special-token texts (None: none)."""
+    `decode`, and its special-token texts."""
 
     size: int
     decode: Callable[..., Any]
-    specials: re.Pattern[str] | None
+    specials: tuple[str, ...]
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer, specials: re.Pattern[str] | None) -> Vocabulary:
-        """The vocabulary of `tokenizer`, `specials` its special-token texts."""
-        return cls(len(tokenizer), tokenizer.decode, specials)
+    def of(cls, tokenizer: Tokenizer, specials: Iterable[str]) -> Vocabulary:
+        """The vocabulary of `tokenizer`, `specials` its special-token texts, longest first."""
+        return cls(len(tokenizer), tokenizer.decode, tuple(specials))
 
     def printed(self, text: str) -> str:
         """`text` as the `text` rule compares it: no special-token text, whitespace or U+FFFD."""
-        if self.specials is not None:
-            text = self.specials.sub("", text)
-        return UNPRINTED.sub("", text)
+        for special in self.specials:  # `in` first: most texts hold none, and it is a fast scan
+            if special in text:
+                text = text.replace(special, "")
+        return "".join(text.replace("\ufffd", "").split())
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,8 @@ def check_answer(
     first one broken. `server_stops`: the request left stopping to the server (a `stop` needs
     no stop id of ours)."""
     ids, server = answer.token_ids, answer.server
-    # bool is a subclass of int: `type(...) is int` refuses it, as it refuses floats and strings
-    if not all(type(t) is int for t in ids):
+    # bool is a subclass of int: the set of exact types refuses it, as it refuses floats and str
+    if ids and set(map(type, ids)) != {int}:
         at, value = next((i, t) for i, t in enumerate(ids) if type(t) is not int)
         detail = f"token id {value!r} ({type(value).__name__}) at position {at} is not an int"
         raise InvalidGenerationError(server, "id_type", value, detail)
@@ -140,10 +142,14 @@ def _checked_logprobs(server: str, values: list[Any] | None, count: int) -> list
     if values is None or given != count:
         detail = f"{given} log-probs for {count} token ids (one per id was asked for)"
         raise InvalidGenerationError(server, "logprob_count", given, detail)
+    types = set(map(type, values))
+    # the fast path, one pass each: exact types (not bool), no NaN or inf (a sum is finite
+    # only then, short of overflow, which the slow path below lets pass), the maximum
+    if not values or (types <= REAL and math.isfinite(sum(values)) and max(values) <= TOP):
+        return values if types == {float} else [float(v) for v in values]
     for at, value in enumerate(values):
-        real = type(value) is float or type(value) is int  # not bool, str or None
-        if not real or not -math.inf < value <= LOGPROB_TOLERANCE:
-            detail = f"log-prob {value!r} at {at}: not a finite real <= {LOGPROB_TOLERANCE}"
+        if type(value) not in REAL or not -math.inf < value <= TOP:
+            detail = f"log-prob {value!r} at {at}: not a finite real <= {TOP}"
             raise InvalidGenerationError(server, "logprob_value", value, detail)
     return [float(v) for v in values]
 
