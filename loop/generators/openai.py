@@ -40,10 +40,11 @@ request (vllm_server re-sends it to another server when this one is found dead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ from loop.generators.base import (
     Generation,
     GeneratorError,
     GeneratorStats,
+    InvalidGenerationError,
     PromptAs,
     SamplingParams,
 )
@@ -132,7 +134,8 @@ class OpenAIGenerator:
                 body = await self._post("/chat/completions", chat)
                 check_model(self.url, fields["model"], body.get("model"))
                 forged = sum(self._special_count(m.get("content") or "") for m in messages)
-                return _marked(self._parse_chat(body, params), forged)
+                with _malformed(self.url):
+                    return _marked(self._parse_chat(body, params), forged)
             return await self._complete(prompt_token_ids, params, fields)
 
     @property
@@ -172,7 +175,8 @@ class OpenAIGenerator:
                 token_body = self._token_body(prompt_token_ids, params) | fields
                 body = await self._post("/completions", token_body)
                 check_model(self.url, fields["model"], body.get("model"))
-                return self._parse_completion(body, params, prompt_as="token_ids")
+                with _malformed(self.url):
+                    return self._parse_completion(body, params, prompt_as="token_ids")
             except _BadRequestError as refused:
                 if self.tokenizer is None or not self.text_fallback:
                     raise GeneratorError(str(refused)) from None
@@ -182,7 +186,8 @@ class OpenAIGenerator:
         self.plain_completions = True  # the plain request worked where the token one did not
         own = sum(1 for t in prompt_token_ids if t in self._special_ids)
         forged = max(0, self._special_count(plain["prompt"]) - own)
-        return _marked(self._parse_completion(body, params, prompt_as="text"), forged)
+        with _malformed(self.url):
+            return _marked(self._parse_completion(body, params, prompt_as="text"), forged)
 
     def _special_count(self, text: str) -> int:
         """How many of the tokenizer's special-token texts occur in `text`."""
@@ -266,9 +271,15 @@ class OpenAIGenerator:
     ) -> Generation:
         """Server ids and their log-probs, checked, if given; else the text re-tokenised."""
         finish_reason = _finish_reason(choice.get("finish_reason"))
+        if not isinstance(text, str):
+            raise InvalidGenerationError(self.url, "text", text, f"the text {text!r} is no string")
         if server_ids is not None:
-            if not isinstance(server_ids, list) or not isinstance(values, list | None):
-                raise GeneratorError(f"{self.url} answered ids or log-probs that are no list")
+            if not isinstance(server_ids, list):
+                detail = f"the token ids {server_ids!r} are no list"
+                raise InvalidGenerationError(self.url, "id_type", server_ids, detail)
+            if not isinstance(values, list | None):
+                detail = f"the log-probs {values!r} are no list"
+                raise InvalidGenerationError(self.url, "logprob_count", values, detail)
             answer = Answer(self.url, text, server_ids, values, finish_reason)
             server_stops = prompt_as != "token_ids"  # stop strings, or chat's own EOS ids
             ok = check_answer(answer, params, self._vocab, server_stops=server_stops)
@@ -306,6 +317,17 @@ class OpenAIGenerator:
                 raise failed(f"{message} (after {attempt + 1} tries)")
             await asyncio.sleep(_retry_delay(response, self.backoff_s * 2**attempt))
         raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _malformed(server: str) -> Iterator[None]:
+    """An answer of the wrong shape (a field of the wrong type where the reading expects a
+    list or an object) as an `InvalidGenerationError` (`shape`), not a crash of the run."""
+    try:
+        yield
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+        detail = f"malformed answer: {_error_text(exc)}"
+        raise InvalidGenerationError(server, "shape", None, detail) from None
 
 
 class ServerFailureError(GeneratorError):

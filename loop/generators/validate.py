@@ -31,7 +31,10 @@ training, counted, never the run's end):
   EOS ids in chat: the server cut the string off or its EOS ids are not ours to know).
 
 An answer without ids (a text-only server) is re-tokenised by the client and marked not
-token-exact; only `model` applies to it (its ids are our own tokenizer's). Without a tokenizer,
+token-exact; only `model` applies to it (its ids are our own tokenizer's). The client also
+refuses an answer of the wrong shape: a text that is no string (`text`), ids or log-probs that
+are no list (`id_type`, `logprob_count`), any other field of a type its reading cannot use
+(`shape`). Without a tokenizer,
 `id_range` and `text` cannot be checked and are skipped. Pure: no I/O, no state.
 """
 

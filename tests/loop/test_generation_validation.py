@@ -171,6 +171,9 @@ MALFORMED = {  # name: (answer, rule, the offending value the error carries)
     "more tokens than max_new_tokens": (with_ids([7] * 500 + [EOS_ID], "w7 " * 500), "length", 501),
     "stop without a stop id": (ended([7, 8, 9], "stop"), "finish_reason", "stop"),
     "length before the limit": (ended([7, 8, 9], "length"), "finish_reason", "length"),
+    "ids that are no list": (with_choice(token_ids={"0": 7}), "id_type", {"0": 7}),
+    "text that is no string": (with_choice(text=7), "text", 7),
+    "log-probs of the wrong shape": (with_choice(logprobs="-0.5"), "shape", None),
     "another model": (with_model("other-adapter"), "model", "other-adapter"),
     "no model": (with_model(None), "model", None),
 }
