@@ -50,7 +50,6 @@ from loop.generators.base import FinishReason, InvalidGenerationError, SamplingP
 from loop.generators.tokenizer import Tokenizer
 
 LOGPROB_TOLERANCE = 1e-4  # the largest log-prob accepted (float32 rounding of log(1))
-TOP = LOGPROB_TOLERANCE
 REAL = frozenset({int, float})  # exact types: a bool is an int subclass, and no log-prob
 SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}")  # a hosted model's dated snapshot suffix
 
@@ -145,16 +144,32 @@ def _checked_logprobs(server: str, values: list[Any] | None, count: int) -> list
     if values is None or given != count:
         detail = f"{given} log-probs for {count} token ids (one per id was asked for)"
         raise InvalidGenerationError(server, "logprob_count", given, detail)
-    types = set(map(type, values))
-    # the fast path, one pass each: exact types (not bool), no NaN or inf (a sum is finite
-    # only then, short of overflow, which the slow path below lets pass), the maximum
-    if not values or (types <= REAL and math.isfinite(sum(values)) and max(values) <= TOP):
-        return values if types == {float} else [float(v) for v in values]
+    if not set(map(type, values)) <= REAL:
+        at, value = next((i, v) for i, v in enumerate(values) if type(v) not in REAL)
+        detail = f"log-prob {value!r} at {at}: not a real number (a bool, a string, None)"
+        raise InvalidGenerationError(server, "logprob_value", value, detail)
+    floats = _floats(values)
+    # one pass each: a sum is finite only without NaN and inf (short of overflow, which the
+    # loop below lets pass), then the maximum; the loop only names the offender
+    top = max(floats, default=0.0) if floats is not None else math.inf
+    if floats is not None and math.isfinite(sum(floats)) and top <= LOGPROB_TOLERANCE:
+        return floats
     for at, value in enumerate(values):
-        if type(value) not in REAL or not -math.inf < value <= TOP:
-            detail = f"log-prob {value!r} at {at}: not a finite real <= {TOP}"
+        number = _floats([value])
+        if number is None or not -math.inf < number[0] <= LOGPROB_TOLERANCE:
+            detail = f"log-prob {value!r} at {at}: not a finite real <= {LOGPROB_TOLERANCE}"
             raise InvalidGenerationError(server, "logprob_value", value, detail)
-    return [float(v) for v in values]
+    assert floats is not None, "a value that overflows a float is refused above"
+    return floats
+
+
+def _floats(values: list[int | float]) -> list[float] | None:
+    """`values` as floats; None when one is an int too large for a float (JSON ints are
+    unbounded)."""
+    try:
+        return [float(v) for v in values]
+    except OverflowError:
+        return None
 
 
 def _check_length(answer: Answer, params: SamplingParams, *, server_stops: bool) -> None:

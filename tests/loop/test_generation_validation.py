@@ -165,6 +165,12 @@ MALFORMED = {  # name: (answer, rule, the offending value the error carries)
     "NaN log-prob": (with_logprobs([-0.5, math.nan, -2.0, -0.1]), "logprob_value", math.nan),
     "inf log-prob": (with_logprobs([-0.5, math.inf, -2.0, -0.1]), "logprob_value", math.inf),
     "-inf log-prob": (with_logprobs([-0.5, -math.inf, -2.0, -0.1]), "logprob_value", -math.inf),
+    "log-prob past a float": (with_logprobs([-0.5, 10**400, -2.0, -0.1]), "logprob_value", 10**400),
+    "log-prob below a float": (
+        with_logprobs([-0.5, -(10**400), -2.0, -0.1]),
+        "logprob_value",
+        -(10**400),
+    ),
     "too few log-probs": (with_logprobs([-0.5, -1.0, -2.0]), "logprob_count", 3),
     "too many log-probs": (with_logprobs([-0.5] * 5), "logprob_count", 5),
     "no log-probs": (with_choice(logprobs=None), "logprob_count", 0),
