@@ -278,7 +278,7 @@ def _vllm_server_generator(
     return VLLMServerGenerator(
         base_model=base_model, adapter_prefix=config.name, processes=processes,
         urls=settings.servers, start_timeout_s=settings.server_start_timeout_s,
-        keep_versions=config.train.overlap.max_staleness + 1,
+        keep_versions=config.train.overlap.max_staleness + 1, tokenizer=tokenizer,
     )  # fmt: skip
 
 

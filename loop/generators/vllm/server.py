@@ -57,6 +57,7 @@ import httpx
 
 from loop.generators.base import Generation, GeneratorError, GeneratorStats, SamplingParams
 from loop.generators.openai import OpenAIGenerator, ServerFailureError
+from loop.generators.tokenizer import Tokenizer
 from loop.generators.vllm.endpoint import (
     ADMIN_TIMEOUT_S,
     LOAD_RETRIES,
@@ -97,6 +98,7 @@ class VLLMServerGenerator:
         keep_versions: int = 1,
         probe_every_s: float = PROBE_EVERY_S,
         request_resends: int = REQUEST_RESENDS,
+        tokenizer: Tokenizer | None = None,
     ):
         """Start `processes` (in parallel) and attach to `urls`; `GeneratorError` when a started
         server fails (its cause in one line) or an attached one does not answer `/health`.
@@ -105,7 +107,8 @@ class VLLMServerGenerator:
         run's name, the stem of every version's name; `keep_versions`: the newest versions kept
         loaded (the servers' `--max-loras` must hold them); `probe_every_s`: how often a
         server out of routing is asked again; `request_resends`: how many other servers a
-        request whose server died is re-sent to."""
+        request whose server died is re-sent to; `tokenizer`: the policy's, against which every
+        answer's ids and text are checked (loop/generators/validate.py)."""
         if not processes and not urls:
             raise ValueError("the vllm_server generator needs servers to start or URLs")
         if keep_versions < 1:
@@ -117,7 +120,7 @@ class VLLMServerGenerator:
         self.ready_timeout_s = start_timeout_s if ready_timeout_s is None else ready_timeout_s
         self.request_timeout_s, self.max_concurrency = request_timeout_s, max_concurrency
         self.max_restarts, self.probe_every_s = max_restarts, probe_every_s
-        self.request_resends = request_resends
+        self.request_resends, self.tokenizer = request_resends, tokenizer
         self.servers = [Server(url) for url in urls]
         self.servers += [Server(p.url, process=p) for p in processes]
         self.current = base_model  # the version new groups get
@@ -295,6 +298,7 @@ class VLLMServerGenerator:
             server.client = OpenAIGenerator(
                 server.url, self.base_model, timeout_s=self.request_timeout_s,
                 max_concurrency=self.max_concurrency, max_retries=1, backoff_s=0.5,
+                tokenizer=self.tokenizer, text_fallback=False,
             )  # fmt: skip
             server.client_url = server.url
         return server.client
