@@ -868,7 +868,7 @@ def section_skipped(out: Out) -> None:
     step = "the trainer under torchrun over nccl (FSDP2, killed and resumed)"
     if gpus < 2:
         out.row(step=step, why=f"needs 2+ GPUs, this machine has {gpus}")
-    else:  # the CPU run of it is tests/test_train_torchrun.py (gloo)
+    else:  # the CPU run of it is tests/test_rehearsal.py (gloo)
         out.row(step=step, why="not part of this script: run `torchrun --nproc-per-node 2 "
                 "train.py --config configs/quickstart-servers.yaml model.device=cuda "
                 "generator.devices=[2]` by hand (3 GPUs: 2 learners, the server on the "

@@ -286,7 +286,7 @@ def _vllm_server_generator(
         request_timeout_s=settings.request_timeout_s,
         publish_timeout_s=settings.publish_timeout_s,
         health_timeout_s=settings.health_timeout_s,
-        keep_versions=config.train.overlap.max_staleness + 1,
+        keep_versions=config.train.overlap.max_staleness + 1, tokenizer=tokenizer,
     )  # fmt: skip
 
 

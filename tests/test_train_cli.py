@@ -5,8 +5,8 @@ Run: python -m pytest tests/test_train_cli.py       (slow: a few minutes on 2 co
 One short iteration of the quickstart config (hf samples with the training model), then
 evaluate.py with the checkpoint's adapter, which is how users evaluate what they trained: its
 rollouts, metrics and summary table, greedy and sampled, in one run. The vLLM server backend's
-train.py run (the new LoRA adapter published after each iteration) is
-tests/test_train_torchrun.py.
+train.py run (the new LoRA adapter published after each iteration) is the rehearsal of the
+32B node, tests/test_rehearsal.py.
 """
 
 from __future__ import annotations

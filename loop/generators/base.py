@@ -124,6 +124,16 @@ class GeneratorError(RuntimeError):
     """A backend failed to generate (the rollout ends with status `generator_error`)."""
 
 
+class InvalidGenerationError(GeneratorError):
+    """A server's answer broke a rule of loop/generators/validate.py: the server's fault, so
+    the rollout ends with status `invalid_generation` (excluded, counted), never the run.
+    `rule` names the rule, `server` the answering endpoint, `value` the offending value."""
+
+    def __init__(self, server: str, rule: str, value: object, detail: str):
+        super().__init__(f"{server} answered an invalid generation ({rule}): {detail}")
+        self.server, self.rule, self.value = server, rule, value
+
+
 @runtime_checkable
 class Generator(Protocol):
     """An async, batched token-level sampler."""

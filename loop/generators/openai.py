@@ -15,6 +15,10 @@ What is recorded: the text always. Token ids and log-probs when the server gives
 `token_ids` field, or log-prob tokens written `token_id:N`); `Generation.token_exact` is then
 True. Otherwise the text is re-tokenised with `tokenizer`, `token_exact` is False and
 `logprobs` is None (log-probs of the server's own tokens would not line up with our ids).
+Every answer is checked before it becomes a `Generation` (loop/generators/validate.py: the
+`model` it names, ids, text, log-probs, length, finish reason); one that breaks a rule is an
+`InvalidGenerationError`, the rollout's failure and never the run's. With a `tokenizer`, the
+text of an answer with ids is the ids decoded, so the code that runs is the code trained on.
 
 Which modes are token-exact: only `completions` with token ids. The two text modes (the plain
 fallback and `chat`) send text that the server tokenises again, special tokens included: an
@@ -36,10 +40,11 @@ request (vllm_server re-sends it to another server when this one is found dead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,10 +55,12 @@ from loop.generators.base import (
     Generation,
     GeneratorError,
     GeneratorStats,
+    InvalidGenerationError,
     PromptAs,
     SamplingParams,
 )
 from loop.generators.tokenizer import Tokenizer
+from loop.generators.validate import Answer, Vocabulary, check_answer, check_model
 
 Mode = Literal["completions", "chat"]
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -79,18 +86,23 @@ class OpenAIGenerator:
         max_concurrency: int = 16,
         max_retries: int = 4,
         backoff_s: float = 1.0,
+        text_fallback: bool = True,
     ):
         """`base_url` ends before `/completions` (e.g. `http://127.0.0.1:8000/v1`);
-        the API key, if any, is read from the environment variable `api_key_env`."""
+        the API key, if any, is read from the environment variable `api_key_env`.
+        `tokenizer` also checks the answers' ids and text; `text_fallback=False` keeps it from
+        re-sending a refused token-id prompt as text (a training server must stay token-exact)."""
         if mode not in ("completions", "chat"):
             raise ValueError(f"mode must be 'completions' or 'chat', got {mode!r}")
         if max_concurrency < 1 or max_retries < 0 or backoff_s < 0:
             raise ValueError(f"bad limits: {max_concurrency=}, {max_retries=}, {backoff_s=}")
         self.model, self.mode, self.tokenizer = model, mode, tokenizer
-        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.max_retries, self.backoff_s, self.text_fallback = max_retries, backoff_s, text_fallback
         self.plain_completions = False  # set once the server has refused token-id prompts
-        self._specials = _special_texts(tokenizer)
+        specials = special_texts(tokenizer)
+        self._specials = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._special_ids = frozenset(tokenizer.all_special_ids if tokenizer is not None else ())
+        self._vocab = Vocabulary.of(tokenizer, specials) if tokenizer is not None else None
         api_key = os.environ.get(api_key_env)
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
@@ -120,14 +132,21 @@ class OpenAIGenerator:
                     raise GeneratorError("the openai generator in chat mode needs messages=")
                 chat = self._chat_body(messages, params) | fields
                 body = await self._post("/chat/completions", chat)
+                check_model(self.url, fields["model"], body.get("model"))
                 forged = sum(self._special_count(m.get("content") or "") for m in messages)
-                return _marked(self._parse_chat(body, params), forged)
+                with _malformed(self.url):
+                    return _marked(self._parse_chat(body, params), forged)
             return await self._complete(prompt_token_ids, params, fields)
 
     @property
     def version(self) -> str:
         """The served model: an endpoint's weights are fixed."""
         return self.model
+
+    @property
+    def url(self) -> str:
+        """The endpoint's base URL (errors name the server by it)."""
+        return str(self._client.base_url).rstrip("/")
 
     def load_adapter(self, path: Path | None) -> None:
         """Endpoints serve fixed models: only None (no adapter) is accepted."""
@@ -155,16 +174,20 @@ class OpenAIGenerator:
             try:
                 token_body = self._token_body(prompt_token_ids, params) | fields
                 body = await self._post("/completions", token_body)
-                return self._parse_completion(body, params, prompt_as="token_ids")
+                check_model(self.url, fields["model"], body.get("model"))
+                with _malformed(self.url):
+                    return self._parse_completion(body, params, prompt_as="token_ids")
             except _BadRequestError as refused:
-                if self.tokenizer is None:
+                if self.tokenizer is None or not self.text_fallback:
                     raise GeneratorError(str(refused)) from None
         plain = self._plain_body(prompt_token_ids, params) | fields
         body = await self._post("/completions", plain)
+        check_model(self.url, fields["model"], body.get("model"))
         self.plain_completions = True  # the plain request worked where the token one did not
         own = sum(1 for t in prompt_token_ids if t in self._special_ids)
         forged = max(0, self._special_count(plain["prompt"]) - own)
-        return _marked(self._parse_completion(body, params, prompt_as="text"), forged)
+        with _malformed(self.url):
+            return _marked(self._parse_completion(body, params, prompt_as="text"), forged)
 
     def _special_count(self, text: str) -> int:
         """How many of the tokenizer's special-token texts occur in `text`."""
@@ -215,7 +238,9 @@ class OpenAIGenerator:
         choice = _first_choice(body)
         text = choice.get("text") or ""
         logprobs = choice.get("logprobs") or {}
-        server_ids = choice.get("token_ids") or _ids_from_tokens(logprobs.get("tokens"))
+        server_ids = choice.get("token_ids")
+        if server_ids is None:
+            server_ids = _ids_from_tokens(logprobs.get("tokens"))
         values = logprobs.get("token_logprobs")
         generation = self._generation(text, server_ids, values, choice, params, prompt_as=prompt_as)
         details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
@@ -228,27 +253,38 @@ class OpenAIGenerator:
         choice = _first_choice(body)
         text = (choice.get("message") or {}).get("content") or ""
         content = (choice.get("logprobs") or {}).get("content") or []
-        server_ids = choice.get("token_ids") or _ids_from_tokens([e.get("token") for e in content])
+        server_ids = choice.get("token_ids")
+        if server_ids is None:
+            server_ids = _ids_from_tokens([e.get("token") for e in content])
         values = [entry.get("logprob") for entry in content] or None
         return self._generation(text, server_ids, values, choice, params, prompt_as="messages")
 
     def _generation(
         self,
         text: str,
-        server_ids: list[int] | None,
+        server_ids: list[Any] | None,
         values: list[Any] | None,
         choice: dict[str, Any],
         params: SamplingParams,
         *,
         prompt_as: PromptAs,
     ) -> Generation:
-        """Server ids (+ log-probs when one per id) if given, else the text re-tokenised."""
+        """Server ids and their log-probs, checked, if given; else the text re-tokenised."""
         finish_reason = _finish_reason(choice.get("finish_reason"))
-        if server_ids:
-            one_each = bool(values) and len(values or []) == len(server_ids)
-            numbers = one_each and all(isinstance(v, int | float) for v in values or [])
-            logprobs = [float(v) for v in values or []] if numbers else None
-            return Generation(server_ids, logprobs, finish_reason, text, prompt_as=prompt_as)
+        if not isinstance(text, str):
+            raise InvalidGenerationError(self.url, "text", text, f"the text {text!r} is no string")
+        if server_ids is not None:
+            if not isinstance(server_ids, list):
+                detail = f"the token ids {server_ids!r} are no list"
+                raise InvalidGenerationError(self.url, "id_type", server_ids, detail)
+            if not isinstance(values, list | None):
+                detail = f"the log-probs {values!r} are no list"
+                raise InvalidGenerationError(self.url, "logprob_count", values, detail)
+            answer = Answer(self.url, text, server_ids, values, finish_reason)
+            server_stops = prompt_as != "token_ids"  # stop strings, or chat's own EOS ids
+            ok = check_answer(answer, params, self._vocab, server_stops=server_stops)
+            ids, logprobs = ok.token_ids, ok.logprobs
+            return Generation(ids, logprobs, finish_reason, ok.text, prompt_as=prompt_as)
         if self.tokenizer is None:
             raise GeneratorError("the server gave no token ids and no tokenizer was given")
         token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -283,6 +319,17 @@ class OpenAIGenerator:
         raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def _malformed(server: str) -> Iterator[None]:
+    """An answer of the wrong shape (a field of the wrong type where the reading expects a
+    list or an object) as an `InvalidGenerationError` (`shape`), not a crash of the run."""
+    try:
+        yield
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+        detail = f"malformed answer: {_error_text(exc)}"
+        raise InvalidGenerationError(server, "shape", None, detail) from None
+
+
 class ServerFailureError(GeneratorError):
     """The server failed, not the request: unreachable, reset, timed out, or 5xx after retries."""
 
@@ -291,17 +338,14 @@ class _BadRequestError(GeneratorError):
     """A 400 answer: the request itself was refused (and retrying it unchanged is pointless)."""
 
 
-def _special_texts(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
-    """A pattern of the tokenizer's special-token texts, longest first (None: no tokenizer)."""
+def special_texts(tokenizer: Tokenizer | None) -> list[str]:
+    """The tokenizer's special-token texts, longest first ([]: no tokenizer)."""
     if tokenizer is None:
-        return None
+        return []
     texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
-    texts = {text for text in texts if text}
-    if not texts:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+    return sorted((text for text in texts if text), key=len, reverse=True)
 
 
 def _marked(generation: Generation, forged: int) -> Generation:
@@ -325,12 +369,15 @@ def _finish_reason(value: Any) -> FinishReason:
     raise GeneratorError(f"unsupported finish_reason {value!r} from the server")
 
 
-def _ids_from_tokens(tokens: list[Any] | None) -> list[int] | None:
-    """Ids from log-prob tokens written `token_id:N` (vLLM), or None if any is not."""
-    if not tokens:
+def _ids_from_tokens(tokens: list[Any] | None) -> list[Any] | None:
+    """Ids from log-prob tokens written `token_id:N` (vLLM); None if none is written so (a
+    server's own tokens); a token not so written among ids stays as it came (`id_type`)."""
+    if not isinstance(tokens, list) or not tokens:
         return None
     matches = [TOKEN_ID.fullmatch(t) if isinstance(t, str) else None for t in tokens]
-    return [int(m.group(1)) for m in matches if m] if all(matches) else None
+    if not any(matches):
+        return None
+    return [int(m.group(1)) if m else t for m, t in zip(matches, tokens, strict=True)]
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any]:

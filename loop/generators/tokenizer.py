@@ -22,6 +22,10 @@ class Tokenizer(Protocol):
     @property
     def all_special_ids(self) -> list[int]: ...
 
+    def __len__(self) -> int:
+        """The vocabulary's size, added tokens included (every valid id is below it)."""
+        ...
+
     def __call__(self, text: Any, **kwargs: Any) -> Any:
         """Encodings of `text` (`["input_ids"]` holds the ids)."""
         ...

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from loop.config import AgentConfig
-from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
+from loop.generators.base import (
+    Generation,
+    Generator,
+    GeneratorError,
+    InvalidGenerationError,
+    SamplingParams,
+)
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.codeblocks import extract_code
 from loop.rollout.prompt import build_messages, format_observation
@@ -124,6 +130,9 @@ async def run_episode(
             messages = _window(traj.messages, context_messages, turn_index, settings.memory_turns)
             generation_start = time.monotonic()
             generation = await generator.generate(prompt, params, messages=messages)
+        except InvalidGenerationError as exc:  # the server's answer broke a rule: its fault
+            traj.status, traj.error = "invalid_generation", str(exc)
+            break
         except GeneratorError as exc:
             traj.status, traj.error = "generator_error", str(exc)
             break

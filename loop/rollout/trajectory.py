@@ -15,7 +15,8 @@ Failure attribution, the one rule (DESIGN.md section 4): what the agent's own co
 the agent's and is scored on the final state, never excluded: a cell that crashes or hangs its
 kernel, junk it leaves for the next kernel, arguments an API refuses, a rollout that runs out of
 time because its cells did (`timeout`). Only failures of our machinery are infrastructure
-statuses: the generator failing or being too slow (`generator_error`, `generation_timeout`), a
+statuses: the generator failing or being too slow (`generator_error`, `generation_timeout`) or
+answering what no sampler could have (`invalid_generation`: loop/generators/validate.py), a
 sandbox that cannot be had or restarted (`sandbox_crash`), the environment's engine or grader
 failing (`env_crash`, `env_error`), an environment that started the rollout from another state
 than the task's other rollouts (`start_state_mismatch`: a leave-one-out baseline over them
@@ -52,13 +53,14 @@ RolloutStatus = Literal[
     "sandbox_crash",  # the sandbox could not go on (not a crash the agent's code caused)
     "env_crash",  # the environment's engine process died or hung (e.g. AppWorld's)
     "generator_error",  # the generation backend failed
+    "invalid_generation",  # a server's answer broke a rule of loop/generators/validate.py
     "env_error",  # the environment or its grader failed
     "start_state_mismatch",  # it started from another state than its task's other rollouts
 ]
 INFRA_STATUSES: frozenset[str] = frozenset(
     {
         "generation_timeout", "sandbox_crash", "env_crash", "generator_error", "env_error",
-        "start_state_mismatch",
+        "start_state_mismatch", "invalid_generation",
     }
 )  # fmt: skip
 

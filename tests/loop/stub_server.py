@@ -6,14 +6,15 @@
 Writes its environment to FILE (JSON), then serves `GET /health` with 200, the adapter
 endpoints a publication uses (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`,
 `GET /v1/models`: the names loaded, no weights), and `POST /v1/completions` as vLLM's token
-mode answers it (one token, 5, with its log-prob; the text names the model asked for, so a test
-sees which version sampled, and for an adapter the path it was loaded from after a space, so a
-test sees whose weights; a request for 100 tokens or more takes S seconds, long enough to kill
-the server under it). Like vLLM, a model not loaded is a 404 and loading a name already loaded
-a 400 ("... has already been loaded"). `--fail-with` prints TEXT and exits 1 instead (a failed
-start-up), `--never-ready` answers 503 forever, `--fail-loads N` refuses the first N adapter
-loads (500), `--load-s L` makes each load take L seconds; `POST /forget` drops every adapter
-(a server restarted by its owner).
+mode answers it (token 5 then the first stop id asked for, or 5s up to `max_tokens` when none,
+with their log-probs; the answer names the model asked for and so does its text, followed for
+an adapter by the path it was loaded from, so a test sees which version sampled and whose
+weights; a request for 100 tokens or more takes S seconds, long enough to kill the server under
+it). Like vLLM, a model not loaded is a 404 and loading a name already loaded a 400 ("... has
+already been loaded"). `--fail-with` prints TEXT and exits 1 instead (a failed start-up),
+`--never-ready` answers 503 forever, `--fail-loads N` refuses the first N adapter loads (500),
+`--load-s L` makes each load take L seconds; `POST /forget` drops every adapter (a server
+restarted by its owner).
 """
 
 from __future__ import annotations
@@ -65,10 +66,13 @@ def main() -> None:
                     return
                 if body["max_tokens"] >= 100:
                     time.sleep(args.slow_s)
+                stop = body.get("stop_token_ids") or []
+                ids = [5, stop[0]] if stop else [5] * body["max_tokens"]
                 text = " ".join(filter(None, (body["model"], loaded.get(body["model"]))))
-                choice = {"text": text, "token_ids": [5], "finish_reason": "stop",
-                          "logprobs": {"token_logprobs": [-0.5]}}  # fmt: skip
-                self.answer(200, {"choices": [choice]})
+                choice = {"text": text, "token_ids": ids,
+                          "finish_reason": "stop" if stop else "length",
+                          "logprobs": {"token_logprobs": [-0.5] * len(ids)}}  # fmt: skip
+                self.answer(200, {"model": body["model"], "choices": [choice]})
                 return
             if self.path == "/v1/load_lora_adapter" and refusals[0] > 0:
                 refusals[0] -= 1

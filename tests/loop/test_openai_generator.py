@@ -210,6 +210,15 @@ async def test_a_refused_token_prompt_without_tokenizer_is_a_one_line_error(serv
     assert not isinstance(caught.value, ServerFailureError)  # an answer about the request
 
 
+async def test_a_training_client_never_falls_back_to_text(server) -> None:
+    """vllm_server's clients have the tokenizer (to check answers) but must stay token-exact."""
+    generator = client(server, "no-token-prompts", tokenizer=tiny_tokenizer(), text_fallback=False)
+    with pytest.raises(GeneratorError, match="400: prompt must be a string"):
+        await generator.generate([5, 6], PARAMS)
+    await generator.close()
+    assert len(server.requests) == 1 and not generator.plain_completions
+
+
 async def test_429_and_503_are_retried_then_succeed(server) -> None:
     generator = client(server, "flaky")
     result = await generator.generate([5], PARAMS)

@@ -59,7 +59,7 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         else:
             choice = {"text": text, "finish_reason": "stop"}
-        return self.reply(200, {"choices": [{"index": 0, **choice}]})
+        return self.reply(200, {"model": body["model"], "choices": [{"index": 0, **choice}]})
 
     def reply(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()

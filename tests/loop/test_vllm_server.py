@@ -8,7 +8,7 @@ blocks are never reused by another, a second client attaches by URL, a server ki
 mid-iteration comes back with the current adapter and answers the requests it had in flight
 (re-sent), and close() leaves no process. Routing between servers is worked by hand in
 test_routing.py; the whole trainer under torchrun with this backend in
-tests/test_train_torchrun.py.
+tests/test_rehearsal.py.
 
 Run: python -m pytest tests/loop/test_vllm_server.py -q -s     (`slow`)
 """

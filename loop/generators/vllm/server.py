@@ -1,30 +1,25 @@
 """The `vllm_server` generator: N vLLM OpenAI servers, trained through versioned LoRA adapters.
 
 The topology every large RL trainer uses (apple/ml-loop, TRL's server mode, prime-rl, SkyRL,
-AReaL): inference runs in server processes of its own, on devices of its own, outside the
-learners' process group; rank 0 talks to the servers over HTTP. Servers are started here
-(loop/generators/vllm/process.py: clean environment, own devices, loopback, ended with the
-trainer) or attached by URL (`generator.servers`, e.g. servers on other nodes).
-
-Requests: token in, token out through vLLM's completions API (loop/generators/openai.py's
-token-id mode: prompt ids in, the sampled ids and their processed log-probs out). Routing
-(vllm/routing.py): a task's K rollouts and every later turn of each go to one server,
-with one adapter version; new groups go to the least-loaded server.
+AReaL): inference in server processes of its own, on devices of its own; rank 0 talks to them
+over HTTP. Servers are started here (vllm/process.py: clean environment, own devices,
+loopback, ended with the trainer) or attached by URL (`generator.servers`). Requests: token in,
+token out (openai.py's token-id mode). Routing (vllm/routing.py): a task's K rollouts and every
+later turn of each go to one server, with one adapter version; new groups to the least loaded.
 
 Versions. `load_adapter(path)` publishes a new adapter on every server at once under a name
 never used before, `<prefix>-v<k>` (the prefix: the run's name and its adapter nonce, kept in
 the run directory, so two runs named alike never share a name, and a resumed run unloads what
-its earlier life left on an attached server); a name a server already holds that we did not
-send it is an error, never replaced. A load (`POST /v1/load_lora_adapter`; a 404 retried for a
-shared filesystem slow to show the files) counts once `GET /v1/models` lists it; the version
-becomes current, the one new groups are pinned to, only then: until a server confirms it, new
-groups pin the previous one. Each request carries `cache_salt` = its version (plus this
-trainer's nonce): no prefix-cache block computed under other weights is reused (vllm#42125).
-A server that fails to load leaves routing (never serves a mixed version) and is re-probed.
-The newest `keep_versions` stay loaded (S + 1 when the trainer collects S iterations ahead,
-`train.overlap.max_staleness`): every turn of a group samples the version it was pinned to
-(`SamplingParams.version`); an older one is unloaded once no request uses it, and a request
-naming it fails (`GeneratorError`).
+its earlier life left on an attached server); a name a server holds that we did not send it
+is an error, never replaced. A load (`POST /v1/load_lora_adapter`; a 404 retried for a shared
+filesystem slow to show the files) counts once `GET /v1/models` lists it; only then does the
+version become current (new groups pin it); until a server confirms it, they pin the previous
+one. A request's `cache_salt` is its version (plus this trainer's nonce): no prefix-cache block
+computed under other weights is reused (vllm#42125). A server that fails to load leaves
+routing (never serves a mixed version) and is re-probed. The newest `keep_versions` stay
+loaded (S + 1 when collecting S iterations ahead, `train.overlap.max_staleness`): every turn
+of a group samples the version it was pinned to (`SamplingParams.version`); an older one is
+unloaded once no request uses it, and a request naming it fails (`GeneratorError`).
 
 Failures. A server that dies or stops costs only time. Every `probe_every_s` each server in
 routing is asked `GET /health` (within `health_timeout_s`) and whether it lists its version.
@@ -60,6 +55,7 @@ import httpx
 
 from loop.generators.base import Generation, GeneratorError, GeneratorStats, SamplingParams
 from loop.generators.openai import OpenAIGenerator, ServerFailureError
+from loop.generators.tokenizer import Tokenizer
 from loop.generators.vllm.endpoint import (
     LOAD_RETRIES,
     LOAD_RETRY_S,
@@ -105,6 +101,7 @@ class VLLMServerGenerator:
         keep_versions: int = 1,
         probe_every_s: float = PROBE_EVERY_S,
         request_resends: int = REQUEST_RESENDS,
+        tokenizer: Tokenizer | None = None,
     ):
         """Start `processes` (in parallel) and attach to `urls`; `GeneratorError` when a started
         server fails (its cause in one line) or an attached one does not answer `/health`.
@@ -114,7 +111,8 @@ class VLLMServerGenerator:
         servers' `--max-loras` must hold them); `probe_every_s`: how often a server is asked
         whether it answers and holds its version; `request_resends`: how many other servers a
         request whose server died is re-sent to; `request_timeout_s`, `publish_timeout_s`,
-        `health_timeout_s`: the longest wait for a completion, a load and a health probe."""
+        `health_timeout_s`: the longest wait for a completion, a load and a health probe;
+        `tokenizer`: the policy's, every answer is checked against it (generators/validate.py)."""
         if not processes and not urls:
             raise ValueError("the vllm_server generator needs servers to start or URLs")
         if keep_versions < 1:
@@ -128,6 +126,7 @@ class VLLMServerGenerator:
         self.request_timeout_s, self.max_concurrency = request_timeout_s, max_concurrency
         self.max_restarts, self.probe_every_s = max_restarts, probe_every_s
         self.request_resends, self.health_timeout_s = request_resends, health_timeout_s
+        self.tokenizer = tokenizer
         self.servers = [Server(url) for url in urls]
         self.servers += [Server(p.url, process=p) for p in processes]
         self.current = base_model  # the version new groups get: one a server confirmed
@@ -320,6 +319,7 @@ class VLLMServerGenerator:
             server.client = OpenAIGenerator(
                 server.url, self.base_model, timeout_s=self.request_timeout_s,
                 max_concurrency=self.max_concurrency, max_retries=1, backoff_s=0.5,
+                tokenizer=self.tokenizer, text_fallback=False,
             )  # fmt: skip
             server.client_url = server.url
         return server.client
