@@ -53,7 +53,7 @@ from loop.generators.base import (
     PromptAs,
     SamplingParams,
 )
-from loop.generators.tokenizer import Tokenizer
+from loop.generators.tokenizer import Tokenizer, special_token_pattern
 
 Mode = Literal["completions", "chat"]
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -89,7 +89,7 @@ class OpenAIGenerator:
         self.model, self.mode, self.tokenizer = model, mode, tokenizer
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.plain_completions = False  # set once the server has refused token-id prompts
-        self._specials = _special_texts(tokenizer)
+        self._specials = special_token_pattern(tokenizer)
         self._special_ids = frozenset(tokenizer.all_special_ids if tokenizer is not None else ())
         api_key = os.environ.get(api_key_env)
         self._client = httpx.AsyncClient(
@@ -289,19 +289,6 @@ class ServerFailureError(GeneratorError):
 
 class _BadRequestError(GeneratorError):
     """A 400 answer: the request itself was refused (and retrying it unchanged is pointless)."""
-
-
-def _special_texts(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
-    """A pattern of the tokenizer's special-token texts, longest first (None: no tokenizer)."""
-    if tokenizer is None:
-        return None
-    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
-    texts = {text for text in texts if text}
-    if not texts:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
 
 
 def _marked(generation: Generation, forged: int) -> Generation:

@@ -7,6 +7,7 @@ gets text back and says so in `Trajectory.token_exact`).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 
@@ -39,3 +40,17 @@ class Tokenizer(Protocol):
     def encode(self, text: str, **kwargs: Any) -> list[int]:
         """Ids of `text` (`add_special_tokens=False`: no template tokens added)."""
         ...
+
+
+def special_token_pattern(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
+    """A pattern of the tokenizer's special-token texts, longest first (None: no tokenizer,
+    or none): what text must not carry into a prompt as live template tokens."""
+    if tokenizer is None:
+        return None
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
+    texts = {text for text in texts if text}
+    if not texts:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
