@@ -465,6 +465,7 @@ class OpenEnvConfig(SuiteOptions):
     connect_timeout_s: float = doc(30.0, "opening a session, at most")
     message_timeout_s: float = doc(300.0, "one reset or step, at most (a cell's time included)")
     max_message_mb: float = doc(16.0, "the largest message taken from the server")
+    token_env: str = doc("LOOP_OPENENV_TOKEN", "the variable whose value, if set, is the bearer")
 
 
 @dataclass

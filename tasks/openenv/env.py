@@ -50,6 +50,12 @@ class WireSpec:
     connect_timeout_s: float = 30.0
     message_timeout_s: float = 300.0  # a reset waits for a sandbox, a step for its cell
     max_message_mb: float = 16.0
+    token: str | None = field(default=None, repr=False)  # sent as a bearer token, if set
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request carries (the bearer token, where there is one)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 @dataclass
@@ -78,6 +84,7 @@ class OpenEnvEnv:
         self._client = GenericEnvClient(
             base_url=spec.url, connect_timeout_s=spec.connect_timeout_s,
             message_timeout_s=spec.message_timeout_s, max_message_size_mb=spec.max_message_mb,
+            headers=spec.headers or None,
         )  # fmt: skip
         result = await self._call("reset", self._client.reset(**self.reset_args))
         observation = result.observation
