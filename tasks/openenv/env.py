@@ -87,7 +87,7 @@ class OpenEnvEnv:
             headers=spec.headers or None,
         )  # fmt: skip
         result = await self._call("reset", self._client.reset(**self.reset_args))
-        observation = result.observation
+        observation = self._observation(result)
         text = self._text(observation)
         printed = observation.get("start_fingerprint")
         if printed is not None and not isinstance(printed, str):
@@ -107,7 +107,7 @@ class OpenEnvEnv:
             raise EnvironmentFailureError(f"{self.task.id}: a step after the episode ended")
         started = time.monotonic()
         result = await self._call("step", self._client.step({self.spec.code_field: code}))
-        observation = result.observation
+        observation = self._observation(result)
         text = self._text(observation)
         error, duration = observation.get("error"), observation.get("duration_s")
         if error is not None and not isinstance(error, str):
@@ -164,12 +164,18 @@ class OpenEnvEnv:
                 f"{self.task.id}: OpenEnv {what} failed: {type(exc).__name__}: {first}"
             ) from exc
 
+    def _observation(self, result: Any) -> dict[str, Any]:
+        """A result's observation, which must be an object."""
+        if not isinstance(result.observation, dict):
+            raise self._malformed("observation", result.observation, "an object")
+        return result.observation
+
     def _take(self, result: Any) -> None:
         """Record a result's reward, end and report."""
         if result.reward is not None:
             self._rewards.append(self._reward(result.reward, "reward"))
         self.done = self.done or bool(result.done)
-        report = result.observation.get("report")
+        report = self._observation(result).get("report")
         if report is not None and not isinstance(report, dict):
             raise self._malformed("report", report, "an object")
         if report is not None:

@@ -177,6 +177,7 @@ STEP_FIELDS = {
     "api_calls ": observation(api_calls=[{"app": "x"}]),
     "reward": {"observation": {"text": "ok"}, "reward": "lots", "done": False},
     "duration_s": observation(duration_s="long"),
+    "observation": {"observation": "just text", "reward": None, "done": False},
 }
 REPORT_FIELDS = {
     "report.reward": {"reward": [1]},
