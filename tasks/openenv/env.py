@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import ExecutionResult
-from tasks.core import ApiCall, EnvironmentFailureError, Task, TestReport, TestResult
+from tasks.core import (
+    ApiCall,
+    EnvironmentFailureError,
+    SuiteSetupError,
+    Task,
+    TestReport,
+    TestResult,
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,10 @@ class WireSpec:
     message_timeout_s: float = 300.0  # a reset waits for a sandbox, a step for its cell
     max_message_mb: float = 16.0
     token: str | None = field(default=None, repr=False)  # sent as a bearer token, if set
+
+    def __post_init__(self) -> None:
+        if self.max_text_chars < 1:
+            raise SuiteSetupError(f"openenv.max_text_chars must be >= 1: {self.max_text_chars}")
 
     @property
     def headers(self) -> dict[str, str]:
