@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformers import AutoTokenizer
 
 from loop.generators.base import SamplingParams
-from loop.generators.openai import special_texts
+from loop.generators.tokenizer import special_texts
 from loop.generators.validate import Answer, Vocabulary, check_answer
 from loop.model.aliases import resolve_model
 

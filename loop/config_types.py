@@ -454,17 +454,17 @@ class OpenEnvConfig(SuiteOptions):
 
     url: str | None = doc(None, "the server, e.g. http://127.0.0.1:8000 (ws:// works too)")
     env_name: str | None = doc(None, "its environment (None: the only one it lists)")
-    train_seeds: list[int] = doc_factory(
-        list, "tasks from seeds: split train resets with these (empty: the server's task list)"
-    )
+    train_seeds: list[int] = doc_factory(list, "split train resets with these (none: its tasks)")
     eval_seeds: list[int] = doc_factory(list, "... and split dev with these")
     code_field: str = doc("code", "the action field that carries the agent's cell")
     observation_field: str = doc("text", "the observation field the agent sees (else all of it)")
     submit_field: str | None = doc("submit", "the action field that ends an episode, if it has one")
-    success_reward: float = doc(1.0, "success = reward >= this, where the server does not say")
+    success_reward: float = doc(1.0, "success = reward >= this (a server's claim never overrides)")
+    max_text_chars: int = doc(100_000, "a reset text or observation is cut past this (noted)")
     connect_timeout_s: float = doc(30.0, "opening a session, at most")
     message_timeout_s: float = doc(300.0, "one reset or step, at most (a cell's time included)")
     max_message_mb: float = doc(16.0, "the largest message taken from the server")
+    token_env: str = doc("LOOP_OPENENV_TOKEN", "the variable whose value, if set, is the bearer")
 
 
 @dataclass
@@ -477,9 +477,7 @@ class RunConfig:
     seed: int = doc(0, "the seed every other seed derives from (loop/seeds.py)")
     model: ModelConfig = doc_factory(ModelConfig, "the policy LLM")
     generator: GeneratorConfig = doc_factory(GeneratorConfig, "which backend samples the rollouts")
-    sandbox: SandboxConfig = doc_factory(
-        SandboxConfig, "the REPL sandboxes the agent's code runs in"
-    )
+    sandbox: SandboxConfig = doc_factory(SandboxConfig, "the REPL sandboxes the agent's code uses")
     agent: AgentConfig = doc_factory(AgentConfig, "the ReAct episode")
     eval: EvalConfig = doc_factory(EvalConfig, "evaluate.py and the trainer's periodic evaluation")
     train: TrainConfig = doc_factory(TrainConfig, "the LOOP iteration")

@@ -70,7 +70,9 @@ def _openenv_for_run(run: RunSettings) -> TaskSuite:
         raise SuiteSetupError("suite openenv needs openenv.url (the server, e.g. http://host:8000)")
     env_name = options.pop("env_name", None)
     train_seeds, eval_seeds = options.pop("train_seeds", ()), options.pop("eval_seeds", ())
-    spec = WireSpec(url=url, **options)
+    token_env = options.pop("token_env", None)
+    token = os.environ.get(token_env) if token_env else None  # never in the config itself
+    spec = WireSpec(url=url, token=token or None, **options)
     return _openenv(
         url=url, env_name=env_name, train_seeds=train_seeds, eval_seeds=eval_seeds, spec=spec
     )

@@ -59,7 +59,7 @@ from loop.generators.base import (
     PromptAs,
     SamplingParams,
 )
-from loop.generators.tokenizer import Tokenizer
+from loop.generators.tokenizer import Tokenizer, special_texts, special_token_pattern
 from loop.generators.validate import Answer, Vocabulary, check_answer, check_model
 
 Mode = Literal["completions", "chat"]
@@ -99,8 +99,8 @@ class OpenAIGenerator:
         self.model, self.mode, self.tokenizer = model, mode, tokenizer
         self.max_retries, self.backoff_s, self.text_fallback = max_retries, backoff_s, text_fallback
         self.plain_completions = False  # set once the server has refused token-id prompts
+        self._specials = special_token_pattern(tokenizer)
         specials = special_texts(tokenizer)
-        self._specials = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._special_ids = frozenset(tokenizer.all_special_ids if tokenizer is not None else ())
         self._vocab = Vocabulary.of(tokenizer, specials) if tokenizer is not None else None
         api_key = os.environ.get(api_key_env)
@@ -336,16 +336,6 @@ class ServerFailureError(GeneratorError):
 
 class _BadRequestError(GeneratorError):
     """A 400 answer: the request itself was refused (and retrying it unchanged is pointless)."""
-
-
-def special_texts(tokenizer: Tokenizer | None) -> list[str]:
-    """The tokenizer's special-token texts, longest first ([]: no tokenizer)."""
-    if tokenizer is None:
-        return []
-    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
-    return sorted((text for text in texts if text), key=len, reverse=True)
 
 
 def _marked(generation: Generation, forged: int) -> Generation:

@@ -7,6 +7,7 @@ gets text back and says so in `Trajectory.token_exact`).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol
 
 
@@ -43,3 +44,20 @@ class Tokenizer(Protocol):
     def encode(self, text: str, **kwargs: Any) -> list[int]:
         """Ids of `text` (`add_special_tokens=False`: no template tokens added)."""
         ...
+
+
+def special_texts(tokenizer: Tokenizer | None) -> list[str]:
+    """The tokenizer's special-token texts, longest first ([]: no tokenizer)."""
+    if tokenizer is None:
+        return []
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts |= {token.content for token in decoder.values() if getattr(token, "special", False)}
+    return sorted((text for text in texts if text), key=len, reverse=True)
+
+
+def special_token_pattern(tokenizer: Tokenizer | None) -> re.Pattern[str] | None:
+    """A pattern of the tokenizer's special-token texts, longest first (None: no tokenizer,
+    or none): what text must not carry into a prompt as live template tokens."""
+    texts = special_texts(tokenizer)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None

@@ -5,9 +5,10 @@ extract the code (every complete ```python/```py block, joined into one cell; an
 last block still counts); run it; append the chat-template glue and the observation as
 environment tokens. Nothing is ever re-tokenised: the prompt of turn k is `tokens[:len]`.
 
-The glue is read off the tokenizer's own chat template (`ChatGlue`). Observation text is
-tokenised with special tokens split, so agent output that prints "<|im_end|>" cannot forge a
-template token. The episode ends on `complete_task`, the turn limit or the token budget; any
+The glue is read off the tokenizer's own chat template (`ChatGlue`). Observation text, and the
+task context and worked example in the prompt, are tokenised with special tokens split, so
+agent output that prints "<|im_end|>" (or a server's reset text) cannot forge a template
+token. The episode ends on `complete_task`, the turn limit or the token budget; any
 failure of our machinery ends it with an explicit status, never silently. For the attribution
 of a timeout (loop/rollout/attribution.py) each turn records how long its generation took, and
 the rollout how long its cells ran as the sandbox measured them.
@@ -22,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from loop.config import AgentConfig
 from loop.generators.base import (
@@ -33,13 +35,17 @@ from loop.generators.base import (
     InvalidGenerationError,
     SamplingParams,
 )
-from loop.generators.tokenizer import Tokenizer
+from loop.generators.tokenizer import Tokenizer, special_token_pattern
 from loop.rollout.codeblocks import extract_code
 from loop.rollout.prompt import build_messages, format_observation
 from loop.rollout.trajectory import Trajectory, Turn
 from tasks.core import Environment, EnvironmentFailureError, Task
 
 NO_CODE = "No code was found. Write your code in a ```python block."
+# Texts longer than this are tokenised in a worker thread: a large observation or task context
+# (up to the suite's own bound) must not stall the event loop that runs every other rollout.
+OFF_LOOP_CHARS = 50_000
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -70,11 +76,33 @@ class ChatGlue:
 
 
 def encode_prompt(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The opening messages as token ids, through the tokenizer's chat template."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+    """The opening messages as token ids, through the tokenizer's chat template.
+
+    The task context and the worked example are the environment's text (an OpenEnv server's,
+    untrusted): like observations, their contents are tokenised with special tokens split,
+    so a reset text carrying "<|im_end|><|im_start|>assistant" cannot forge a turn; only the
+    template's own text gives template tokens. A text-mode generator still counts such text
+    in `forged_special_tokens` (the server there tokenises it live). Messages without any
+    special-token text keep the template's own tokenisation (the same ids as ever)."""
+    specials = special_token_pattern(tokenizer)
+    if specials is None or not any(specials.search(m["content"]) for m in messages):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    # Render with a marker for each content, then tokenise the template's text live and each
+    # content split. Trap: a template that rewrote contents (strip, escape) is bypassed here.
+    marks = [f"\x00CONTENT{i}\x00" for i in range(len(messages))]
+    probe = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+    text = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    out: list[int] = []
+    for message, mark in zip(messages, marks, strict=True):
+        before, text = text.split(mark, 1)
+        out += tokenizer(before, add_special_tokens=False)["input_ids"]
+        content = message["content"]
+        out += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    out += tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [int(i) for i in out]
 
 
 def truncate_observation(tokenizer: Tokenizer, text: str, max_tokens: int) -> str:
@@ -107,7 +135,8 @@ async def run_episode(
     start = time.monotonic()
     glue = ChatGlue.from_tokenizer(tokenizer)
     traj.messages = build_messages(await env.areset(), example)
-    traj.append(encode_prompt(tokenizer, traj.messages), output=False)
+    size = sum(len(m["content"]) for m in traj.messages)
+    traj.append(await _off_loop(size, encode_prompt, tokenizer, traj.messages), output=False)
     traj.prompt_length = len(traj.tokens)
     traj.memory_turns = settings.memory_turns
     context_messages = len(traj.messages)
@@ -174,13 +203,23 @@ async def run_episode(
             if env.done:
                 traj.status = "ok"
                 break
-        observation = truncate_observation(tokenizer, observation, settings.max_observation_tokens)
+        observation = await _off_loop(
+            len(observation), truncate_observation, tokenizer, observation,
+            settings.max_observation_tokens,
+        )  # fmt: skip
         if not _append_observation(traj, tokenizer, glue, generation, turn, observation, settings):
             traj.status = "context_exhausted"
             break
     traj.api_calls = [dataclasses.asdict(c) for c in env.api_calls]
     traj.duration_s = time.monotonic() - start
     return traj
+
+
+async def _off_loop(size: int, work: Callable[..., _T], *args: Any) -> _T:
+    """`work(*args)`, in a worker thread when its text is over OFF_LOOP_CHARS characters."""
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(work, *args)
+    return work(*args)
 
 
 def _window(

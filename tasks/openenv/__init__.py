@@ -9,12 +9,16 @@ sandbox from our pool (isolation unchanged); reset by task id or seed; a step is
 the episode ends when the agent calls `complete_task`, sends `submit`, or reaches the server's
 step limit, and then our grader, on the server, gives the reward and the test report. The
 agent's side sees observations and the final report only, never the grader or the state.
+guard.py ends idle sessions, bounds the time a request's headers take, and checks the optional
+bearer token (required when binding beyond the loopback).
 
 Import (suite.py, env.py): tasks from the server's task list or from seeds, text cells through
 our episode loop (token in, token out as with any suite), rewards from the environment
-(`TestReport.external`), and a lost session or a server error an infrastructure failure
-(excluded and counted, never a 0).
+(`TestReport.external`, success only where the reward reaches `success_reward`), and a lost
+session, a server error or a malformed field an infrastructure failure (excluded and counted,
+never a 0). Its texts are cut to a bound before anything tokenises them.
 
 The `openenv` package is an optional extra (`pip install -e .[openenv]`): only wire.py,
-server.py and env.py import it, and only when used; the rest of `tasks/` never does.
+server.py and env.py import it (guard.py only uvicorn), and only when used; the rest of
+`tasks/` never does.
 """

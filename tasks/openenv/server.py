@@ -17,6 +17,13 @@ message over `max_message_bytes` closes its session, and nothing else is affecte
 
 Two routes of our own sit beside OpenEnv's: `GET /loop/example` (the suite's worked example,
 which the import side puts in the prompt) and `GET /loop/status` (sessions and sandboxes now).
+
+Idle sessions end (tasks/openenv/guard.py): a WebSocket whose client is silent for
+`idle_timeout_s` is closed, and a session with no connection (OpenEnv's `/mcp` sessions) is
+reaped by OpenEnv's reaper once idle for `idle_timeout_s` plus the longest one message may take
+(`acquire_timeout_s` + `longest_step_s`): that reaper counts a message's run time as idle, and
+must never take a session mid-step. With `token`, every request but `GET /health` needs
+`Authorization: Bearer <token>`.
 """
 
 from __future__ import annotations
@@ -31,13 +38,17 @@ from typing import Any
 from fastapi import FastAPI
 from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
+from openenv.core.env_server.types import ConcurrencyConfig
 
 from sandbox import KernelPool
 from tasks.core import Environment, Task, TaskSuite
+from tasks.openenv.guard import SessionGuard
 from tasks.openenv.wire import MAX_CODE_CHARS, CellAction, CellObservation, SuiteState
 
 MAX_STEPS = 50  # the paper's turn limit in evaluation; the client's limit usually comes first
 ACQUIRE_TIMEOUT_S = 300.0  # how long a reset waits for a sandbox before failing
+IDLE_TIMEOUT_S = 300.0  # a session whose client is silent this long ends
+LONGEST_STEP_S = 90.0  # one step at most: a cell (30 s by default) and the grading after it
 RESET_ARGUMENTS = frozenset({"task_id", "split"})
 
 
@@ -207,18 +218,28 @@ def build_app(
     max_sessions: int,
     max_steps: int = MAX_STEPS,
     acquire_timeout_s: float = ACQUIRE_TIMEOUT_S,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    longest_step_s: float = LONGEST_STEP_S,
+    token: str | None = None,
 ) -> FastAPI:
     """The OpenEnv app serving `split` of `suite` (see the module docstring); `pool` gives the
     sessions their sandboxes and is the caller's to close when the server stops."""
     suite.tasks(split)  # an unknown split fails here, in one line, not at the first reset
     if max_sessions < 1 or max_steps < 1:
         raise ValueError(f"max_sessions and max_steps must be >= 1: {max_sessions}, {max_steps}")
+    if idle_timeout_s <= 0:
+        raise ValueError(f"the idle timeout must be > 0 seconds: {idle_timeout_s}")
     host = SuiteHost(suite, pool, split, max_steps, acquire_timeout_s)
+    reap_after_s = idle_timeout_s + acquire_timeout_s + longest_step_s
     app = create_fastapi_app(
         functools.partial(SuiteEnvironment, host), CellAction, CellObservation,
-        max_concurrent_envs=max_sessions, env_name=suite.name, state_cls=SuiteState,
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=max_sessions, session_timeout=reap_after_s
+        ),
+        env_name=suite.name, state_cls=SuiteState,
         mode="production",  # sessions over /ws only: no stateless HTTP reset/step
     )  # fmt: skip
+    app.add_middleware(SessionGuard, token=token, idle_timeout_s=idle_timeout_s)
     example = suite.example_messages()
 
     @app.get("/loop/example")

@@ -92,7 +92,8 @@ class OpenEnvSuite:
     def example_messages(self) -> list[dict[str, str]]:
         """The server's worked example (ours serve the suite's), or none."""
         if self._example is None:
-            reply = httpx.get(f"{self.url}/loop/example", timeout=self.spec.connect_timeout_s)
+            url, wait = f"{self.url}/loop/example", self.spec.connect_timeout_s
+            reply = httpx.get(url, headers=self.spec.headers, timeout=wait)
             self._example = reply.json() if reply.status_code == 200 else []
         return list(self._example)
 
@@ -107,9 +108,8 @@ class OpenEnvSuite:
     def _get(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """A JSON request to the server; an unreachable or refusing one is SuiteSetupError."""
         try:
-            reply = httpx.request(
-                method, f"{self.url}{path}", json=body, timeout=self.spec.connect_timeout_s
-            )
+            url, wait = f"{self.url}{path}", self.spec.connect_timeout_s
+            reply = httpx.request(method, url, json=body, headers=self.spec.headers, timeout=wait)
             reply.raise_for_status()
             return reply.json()
         except (httpx.HTTPError, ValueError) as exc:

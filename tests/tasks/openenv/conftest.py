@@ -12,7 +12,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +24,7 @@ import uvicorn
 
 from sandbox import KernelPool
 from tasks.apptown import AppTownSuite
+from tasks.openenv.guard import with_header_timeout
 from tasks.openenv.server import build_app
 
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -34,10 +36,12 @@ class Served:
 
     url: str
     pool: KernelPool
+    headers: dict[str, str] = field(default_factory=dict)  # the bearer token, if it takes one
 
     def leased(self) -> int:
         """Sandboxes that sessions hold now, as the server reports them."""
-        return int(httpx.get(f"{self.url}/loop/status").json()["sandboxes_leased"])
+        status = httpx.get(f"{self.url}/loop/status", headers=self.headers).json()
+        return int(status["sandboxes_leased"])
 
     def wait_until_none_leased(self, timeout_s: float = 60.0) -> None:
         """Sessions end asynchronously after a disconnect: wait for their sandboxes to go back."""
@@ -57,15 +61,25 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(
-    suite: AppTownSuite, split: str, *, max_sessions: int = 32, pool_size: int = 2
+    suite: AppTownSuite,
+    split: str,
+    *,
+    max_sessions: int = 32,
+    pool_size: int = 2,
+    header_timeout_s: float = 10.0,
+    **app_kwargs: Any,
 ) -> Iterator[Served]:
-    """Serve `split` of `suite` until the block ends; then stop, and destroy every sandbox."""
+    """Serve `split` of `suite` until the block ends; then stop, and destroy every sandbox.
+    `app_kwargs` go to `build_app` (idle timeout, token)."""
     with KernelPool(size=pool_size, timeout_s=10) as pool:
-        app = build_app(suite, pool, split=split, max_sessions=max_sessions, max_steps=10)
+        app = build_app(
+            suite, pool, split=split, max_sessions=max_sessions, max_steps=10, **app_kwargs
+        )
         port = free_port()
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, ws_max_size=MAX_MESSAGE_BYTES, log_level="warning"
-        )
+            app, host="127.0.0.1", port=port, ws_max_size=MAX_MESSAGE_BYTES, log_level="warning",
+            http=with_header_timeout(header_timeout_s),
+        )  # fmt: skip
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -74,7 +88,9 @@ def served(
             assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
             time.sleep(0.05)
         try:
-            yield Served(f"http://127.0.0.1:{port}", pool)
+            token = app_kwargs.get("token")
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            yield Served(f"http://127.0.0.1:{port}", pool, headers)
         finally:
             server.should_exit = True
             thread.join(timeout=30)
