@@ -1,7 +1,7 @@
 """`python train.py --config X --preflight`: exit 0 and the plan, or exit 2 and one line per
 refusal; the traced step stubbed (its own tests: test_trace.py), and one real run.
 
-Run: python -m pytest tests/preflight/test_cli.py      (a second; the real run is `slow`, ~30 s)
+Run: python -m pytest tests/preflight/test_cli.py      (about 15 s: one real run, traced)
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ def test_a_bad_config_or_gpu_is_one_line_and_exit_2(
     assert "agent.temperature > 0" in line
 
 
-@pytest.mark.slow
 def test_the_real_preflight_of_a_tiny_model(tmp_path: Path) -> None:
     """Out of process, traced for real: the quickstart with the tiny shape."""
     done = subprocess.run(
