@@ -1,6 +1,6 @@
 """The preflight's memory estimates beside the GPU measurements of benchmarks/README.md.
 
-    python benchmarks/bench_preflight.py            (about 8 minutes on 2 CPU cores, no GPU)
+    python benchmarks/bench_preflight.py            (about 5 minutes on 2 CPU cores, no GPU)
     python benchmarks/bench_preflight.py --tiny     (the script itself, on the tiny shape)
 
 For each learner row of "On a GPU" (bench_gpu.py's `learner` and `learner32b` sections: one

@@ -16,10 +16,13 @@ What this is and is not:
   (~0.5-1 GiB), allocator fragmentation (reserved but unallocated blocks) and kernel
   workspaces (cuBLAS, flash attention): loop/preflight/plan.py adds `MARGIN_GIB` for those.
 - The peak is `torch.cuda.max_memory_allocated`'s counterpart: benchmarks/README.md lists the
-  trace beside the measured peaks (within 3% for Qwen2.5-7B and 32B with LoRA).
+  trace beside the measured peaks (within 2% for Qwen2.5-7B and 32B with LoRA at 8K-32K
+  tokens; 19-31% below them for Qwen2.5-0.5B's full fine-tuning, not explained yet).
 - The LM head runs over every position, not only the output rows as the learner's does (which
   rows are output is data, which fake tensors do not have): the chunk's logits, the peak's
   part above the body, are the same size either way.
+- transformers keeps a (T, T) causal mask for any fake input (it cannot read that the mask is
+  all ones); `_unpadded_attention` drops it as the real step does.
 - World size 1 is traced as a one-rank FSDP2 model too (torch's plain `MemTracker` cannot
   track a model with frozen parameters); FSDP's gathered copy of the parameters, which a
   single process does not have, is then left out of the total.
@@ -29,9 +32,11 @@ What this is and is not:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -83,6 +88,27 @@ class _Tokenizer:
         return {"input_ids": [1]}
 
 
+@contextlib.contextmanager
+def _unpadded_attention() -> Iterator[None]:
+    """transformers drops an all-ones attention mask for SDPA's causal kernel (no (T, T) mask),
+    but takes every fake tensor for one being traced and keeps the mask: a (T, T) tensor of
+    3 bytes an entry (3 GiB at 32K tokens) that the real step never holds. The traced rollout
+    is one unpadded sequence, so the mask is dropped here as transformers drops it there."""
+    from transformers import masking_utils
+
+    ignore = masking_utils._ignore_causal_mask_sdpa
+
+    def unpadded(padding_mask: Any, q_length: int, kv_length: int, *args: Any, **kw: Any) -> bool:
+        local = kw.get("local_attention_size", args[2] if len(args) > 2 else None)
+        return q_length == kv_length and (local is None or kv_length < local)
+
+    masking_utils._ignore_causal_mask_sdpa = unpadded
+    try:
+        yield
+    finally:
+        masking_utils._ignore_causal_mask_sdpa = ignore
+
+
 def trace_learner_step(request: TraceRequest) -> TraceResult:
     """Trace one learner step (call in a fresh process: it joins a fake process group)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -108,14 +134,14 @@ def trace_learner_step(request: TraceRequest) -> TraceResult:
     )
     root = wrap_fsdp(policy.model)
     settings = LearnerSettings(lr=1e-5, weight_decay=0.0, logprob_chunk_size=r.logprob_chunk_size)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    sample = stress_rollout(r.seq_len, _Tokenizer(), values=False, reference=False)
+    batch = collate([sample], _Tokenizer.pad_token_id, policy.device)
+    with FakeTensorMode(allow_non_fake_inputs=True), _unpadded_attention():
         policy.model.to_empty(device="cpu")
         learner = Learner(policy, settings)
         trainable = sum(p.numel() for p in learner.params)  # a DTensor counts its whole size
-        sample = stress_rollout(r.seq_len, _Tokenizer(), values=False, reference=False)
         tracker = FSDPMemTracker(mod=root, optm=learner.optimizer)
         with tracker:
-            batch = collate([sample], learner.pad_id, policy.device)
             hidden = last_hidden_state(policy.model, batch.input_ids, batch.attention_mask)
             logprobs = logprobs_from_hidden(
                 policy.model,
