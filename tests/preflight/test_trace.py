@@ -21,6 +21,9 @@ def test_two_ranks_hold_half_the_parameters_of_one() -> None:
     assert one.peak_bytes > 0 and two.by_kind["Unsharded Param"] > 0
 
 
-def test_a_longer_rollout_traces_more_activation() -> None:
+def test_activations_grow_linearly_with_the_rollout() -> None:
+    """8x the tokens, 8x the activations: no (T, T) causal mask, which transformers keeps for
+    fake inputs and the real (unpadded) step never holds."""
     short, long = run_traces([TraceRequest(SHAPES["tiny"], 1, seq_len=n) for n in (256, 2048)])
-    assert long.by_kind["Activation"] > 4 * short.by_kind["Activation"]
+    ratio = long.by_kind["Activation"] / short.by_kind["Activation"]
+    assert 7 < ratio < 9, ratio
