@@ -190,20 +190,23 @@ def plan_hf_engine(
 
 
 def plan_host(plan: Plan, config: RunConfig, shape: dict) -> int:
-    """Host RAM: the warm kernels (or the suite's engines) and rank 0's read of the whole
-    model; returns the kernels' count."""
+    """Host RAM: the warm kernels, or the engines of a suite that runs its own (loop/build.py
+    gives those `sandbox.pool_size`), and rank 0's read of the whole model; returns the larger
+    of the two counts (for the open files)."""
     kernels = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
+    engines = config.sandbox.pool_size
     weights = parameter_count(shape) * DTYPE_BYTES[config.model.dtype]
-    cap = kernels * config.sandbox.memory_mb * 2**20
+    each = config.sandbox.memory_mb * 2**20
     plan.add(
         "host",
-        f"{kernels} warm kernels or engines (min(sandbox.pool_size, "
-        f"train.max_concurrent_rollouts)): {gib(kernels * KERNEL_PSS_MIB * 2**20)} at a "
-        f"kernel's measured {KERNEL_PSS_MIB} MiB, at most {gib(cap)} "
-        f"(sandbox.memory_mb={config.sandbox.memory_mb} each)",
+        f"{kernels} warm kernels (min(sandbox.pool_size, train.max_concurrent_rollouts)): "
+        f"{gib(kernels * KERNEL_PSS_MIB * 2**20)} at a kernel's measured {KERNEL_PSS_MIB} MiB, "
+        f"at most {gib(kernels * each)} (sandbox.memory_mb={config.sandbox.memory_mb} each); "
+        f"a suite with its own engines: {engines} (sandbox.pool_size), at most "
+        f"{gib(engines * each)}",
     )
     plan.add("host", f"rank 0 reads the whole model once: {gib(weights)}")
-    return kernels
+    return max(kernels, engines)
 
 
 def plan_files(plan: Plan, config: RunConfig, kernels: int, world_size: int) -> None:
