@@ -73,21 +73,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# Published shapes (config.json of each Qwen2.5-*-Instruct); "tiny" is for --tiny on a CPU.
+from loop.preflight.shapes import SHAPES as PUBLISHED  # noqa: E402  (after the path insert)
+
+# Published shapes (config.json of each Qwen2.5-*-Instruct, kept in loop/preflight/shapes.py);
+# "tiny" is for --tiny on a CPU.
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                       tie_word_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
-                        tie_word_embeddings=False),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
-                 tie_word_embeddings=False),
-}  # fmt: skip
+    "qwen2.5-0.5b": PUBLISHED["Qwen/Qwen2.5-0.5B-Instruct"],
+    "qwen2.5-7b": PUBLISHED["Qwen/Qwen2.5-7B-Instruct"],
+    "qwen2.5-32b": PUBLISHED["Qwen/Qwen2.5-32B-Instruct"],
+    "tiny": PUBLISHED["tiny"],
+}
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
 SECTIONS = (
     "env", "sdpa", "learner", "prefix", "logprobs", "engine", "parity", "learner32b", "fourbit",

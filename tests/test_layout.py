@@ -197,7 +197,7 @@ def test_the_split_names_are_defined_once() -> None:
 # read), may import only what is listed here (run time, function level and TYPE_CHECKING
 # alike). The top-level loop (trainer, warmstart, demos, evaluation, build) may import anything.
 CONFIG_EDGE = {"loop.config", "loop.config_types", "loop.checks", "loop.seeds"}
-FOLDERS = ("algo", "rollout", "learner", "model", "generators", "run", "inspect")
+FOLDERS = ("algo", "rollout", "learner", "model", "generators", "run", "inspect", "preflight")
 MAY_IMPORT: dict[str, set[str]] = {
     "loop.config": set(),  # the config edge: config, config_types, checks, seeds
     "loop.algo": set(),  # pure math: nothing from loop
@@ -206,6 +206,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "loop.run": {"loop.rollout", "loop.algo"},
     "loop.learner": {"loop.algo", "loop.model", "loop.rollout", "loop.config"},
     "loop.generators": {"loop.model", "loop.config"},
+    # the preflight plans a config: it traces the learner's own step on the model's FSDP2
+    # groups; it never imports the engines, the rollout side or the top-level loop
+    "loop.preflight": {"loop.config", "loop.model", "loop.learner"},
     # model.aliases only: a model name -> its directory, for the report's tokenizer
     "loop.inspect": {
         "loop.run",

@@ -201,13 +201,6 @@ def shard_model(model: Any, weights: dict[str, Tensor] | None = None) -> Any:
     """
     if not is_distributed():
         return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    causal_lm = aliases.causal_lm(model)
-    body = causal_lm.base_model  # what token_logprobs runs: the FSDP root
-    embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
-    if body is causal_lm or embed is None or head is None:
-        raise ValueError(f"cannot shard {type(causal_lm).__name__}: not a *ForCausalLM model")
     if any(not p.is_floating_point() for p in model.parameters()):
         raise ValueError("a 4-bit base cannot be sharded here: use one process or bfloat16")
     empty = any(p.is_meta for p in model.parameters())
@@ -216,6 +209,27 @@ def shard_model(model: Any, weights: dict[str, Tensor] | None = None) -> Any:
     if not empty:
         _broadcast_trainable(model)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if empty else {}
+    wrap_fsdp(model)
+    if empty:
+        _receive_shards(model, weights or {}, buffers)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the whole model this GPU held before sharding goes back
+    return model
+
+
+def wrap_fsdp(model: Any) -> nn.Module:
+    """The FSDP2 groups of `shard_model`, on the current process group; returns the root (the
+    body). No weights move: the loop/preflight trace wraps a meta-device model with it.
+
+    One group per decoder layer, resharded after forward; both embeddings in one group kept
+    gathered from forward to backward; the body as the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    causal_lm = aliases.causal_lm(model)
+    body = causal_lm.base_model  # what token_logprobs runs: the FSDP root
+    embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
+    if body is causal_lm or embed is None or head is None:
+        raise ValueError(f"cannot shard {type(causal_lm).__name__}: not a *ForCausalLM model")
     # Computed in the model's dtype (the embedding's: the base's storage), reduced in float32;
     # float32 LoRA weights stay float32 in their shards, where the optimizer steps them.
     policy = MixedPrecisionPolicy(param_dtype=embed.weight.dtype, reduce_dtype=torch.float32)
@@ -225,11 +239,7 @@ def shard_model(model: Any, weights: dict[str, Tensor] | None = None) -> Any:
     # embedding, run inside the body, puts the head's group under the body's root.
     fully_shard([embed, head], mp_policy=policy, reshard_after_forward=False)
     fully_shard(body, mp_policy=policy)
-    if empty:
-        _receive_shards(model, weights or {}, buffers)
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the whole model this GPU held before sharding goes back
-    return model
+    return body
 
 
 def full_state_dict(model: Any, *, trainable_only: bool = False) -> dict[str, Tensor]:

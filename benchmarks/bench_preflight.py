@@ -1,0 +1,77 @@
+"""The preflight's memory estimates beside the GPU measurements of benchmarks/README.md.
+
+    python benchmarks/bench_preflight.py            (about 5 minutes on 2 CPU cores, no GPU)
+    python benchmarks/bench_preflight.py --tiny     (the script itself, on the tiny shape)
+
+For each learner row of "On a GPU" (bench_gpu.py's `learner` and `learner32b` sections: one
+rollout of T tokens, gradient checkpointing, log-prob chunks of 1,024, LoRA r16 on all linear
+layers or full fine-tuning, one process) it traces the same step the preflight traces
+(loop/preflight/trace.py: fake process group and tensors, FSDPMemTracker) and prints the traced
+peak beside the measured `torch.cuda.max_memory_allocated`, with their ratio. The margin the
+preflight adds for what the trace cannot see (loop/preflight/plan.py) is not included: the
+measurement does not see it either. Then the hf engine's rows: 32 rows of 8,100 tokens of KV
+beside the resident weights (the arithmetic of `plan_hf_engine`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loop.preflight.shapes import GIB, SHAPES, kv_bytes_per_token, parameter_count  # noqa: E402
+from loop.preflight.trace import TraceRequest, run_traces  # noqa: E402
+
+# (model, train, tokens) -> measured step peak GiB: benchmarks/README.md, "On a GPU" (an H200)
+MEASURED = {
+    ("Qwen/Qwen2.5-0.5B-Instruct", "LoRA", 8192): 3.8,
+    ("Qwen/Qwen2.5-0.5B-Instruct", "LoRA", 16384): 4.2,
+    ("Qwen/Qwen2.5-0.5B-Instruct", "LoRA", 32768): 5.8,
+    ("Qwen/Qwen2.5-0.5B-Instruct", "full", 8192): 5.8,
+    ("Qwen/Qwen2.5-0.5B-Instruct", "full", 16384): 6.2,
+    ("Qwen/Qwen2.5-0.5B-Instruct", "full", 32768): 7.0,
+    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 8192): 19.7,
+    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 16384): 24.6,
+    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 32768): 34.3,
+    ("Qwen/Qwen2.5-7B-Instruct", "full", 8192): 58.0,
+    ("Qwen/Qwen2.5-7B-Instruct", "full", 16384): 60.4,
+    ("Qwen/Qwen2.5-7B-Instruct", "full", 32768): 65.3,
+    ("Qwen/Qwen2.5-32B-Instruct", "LoRA", 8192): 72.5,
+    ("Qwen/Qwen2.5-32B-Instruct", "LoRA", 16384): 82.3,
+}
+ENGINE_ROWS, ENGINE_TOKENS = 32, 8100  # the engine section: 32 rows of 8,100-token prompts
+
+
+def main() -> None:
+    """Trace every row in one subprocess and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="the tiny shape, two short rows")
+    tiny = parser.parse_args().tiny
+    rows = [("tiny", "LoRA", 256), ("tiny", "full", 256)] if tiny else list(MEASURED)
+    requests = [
+        TraceRequest(SHAPES[model], 1, tokens, lora_rank=16 if train == "LoRA" else None)
+        for model, train, tokens in rows
+    ]
+    results = run_traces(requests, timeout_s=3600)
+    print(
+        "| model | train | tokens | measured step peak GiB | preflight's traced peak GiB | ratio |"
+    )
+    print("|---|---|---|---|---|---|")
+    for (model, train, tokens), result in zip(rows, results, strict=True):
+        traced = result.peak_bytes / GIB
+        measured = MEASURED.get((model, train, tokens))
+        ratio = f"{traced / measured:.2f}" if measured else ""
+        name = model.split("/")[-1].removesuffix("-Instruct")
+        print(f"| {name} | {train} | {tokens:,} | {measured or ''} | {traced:.1f} | {ratio} |")
+    shape = SHAPES["tiny" if tiny else "Qwen/Qwen2.5-7B-Instruct"]
+    kv = ENGINE_ROWS * ENGINE_TOKENS * kv_bytes_per_token(shape) / GIB
+    weights = parameter_count(shape) * 2 / GIB  # bfloat16, as the plan counts
+    print(f"\nhf engine, {ENGINE_ROWS} rows x {ENGINE_TOKENS:,} tokens: KV {kv:.1f} GiB + "
+          f"weights {weights:.1f} GiB = {kv + weights:.1f} GiB")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
