@@ -127,7 +127,7 @@ def test_the_32b_node_rehearsed_preflight_server_killed_launch_killed_and_resume
         timeout=300,
     )
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
-    assert "rank 1" in plan.stdout and "server 0" in plan.stdout, plan.stdout
+    assert "2 rank(s)" in plan.stdout and "server on cores [1]" in plan.stdout, plan.stdout
     assert not run_dir.exists()  # a plan, nothing started or written
 
     # 2. the launch; its server killed once it has answered

@@ -17,6 +17,7 @@ from pathlib import Path
 from loop.config import RunConfig
 from loop.preflight.shapes import GIB, kv_bytes_per_token, parameter_count
 from loop.preflight.trace import TraceResult
+from tasks import suite_class
 
 # Beyond the traced tensors, per GPU: the CUDA context and kernel workspaces (cuBLAS, flash
 # attention), 0.5-1 GiB per process (PyTorch's CUDA-semantics notes); we take the upper end.
@@ -25,6 +26,9 @@ CONTEXT_GIB = 1.0
 # trace matches `max_memory_allocated`, not `max_memory_reserved`, which was not recorded).
 FRAGMENTATION = 0.05
 KERNEL_PSS_MIB = 51.8  # one warm sandbox kernel (benchmarks/README.md, "The sandbox")
+# one AppWorld engine after 21 tasks (`python benchmarks/bench_appworld.py`: 289 MiB RSS on the
+# package's small root; the official root's databases make it larger)
+ENGINE_RSS_MIB = 289
 FDS_PER_SANDBOX = 12  # pipes, the bridge socket, /proc and cgroup files of one warm kernel
 FDS_PER_SERVER = 64  # allowance: a started server's pipes, log and HTTP connections
 FDS_PER_RANK = 256  # allowance: a learner's libraries, CUDA/NCCL handles, logs, sockets
@@ -74,15 +78,20 @@ def started_servers(config: RunConfig) -> list[list[int]]:
     return [devices[i * tp : (i + 1) * tp] for i in range(gen.num_servers)]
 
 
+def on_cpu(config: RunConfig) -> bool:
+    """A run on the CPU (the rehearsal at toy size): no GPU memory to plan or refuse."""
+    return config.model.device == "cpu"
+
+
 def plan_learners(
     plan: Plan, config: RunConfig, trace: TraceResult, gpu: str, gpu_gib: float
 ) -> None:
     """Each rank's GPU and its traced peak at `train.max_seq_len`; refuse what does not fit."""
     title, need = "learners", with_margin(trace.peak_bytes)
     n, kinds = trace.world_size, trace.by_kind
+    where = f"GPU(s) {', '.join(map(str, range(n)))} ({gpu}, {gpu_gib:.1f} GiB each)"
     plan.add(
-        title,
-        f"{n} rank(s) on GPU(s) {', '.join(map(str, range(n)))} ({gpu}, {gpu_gib:.1f} GiB each)",
+        title, f"{n} rank(s) on " + ("the CPU (model.device: cpu)" if on_cpu(config) else where)
     )
     plan.add(
         title,
@@ -95,7 +104,7 @@ def plan_learners(
         f"per GPU at train.max_seq_len={config.train.max_seq_len}: traced peak "
         f"{gib(trace.peak_bytes)} ({parts}); with the margin {gib(need)}",
     )
-    if need > gpu_gib * GIB:
+    if need > gpu_gib * GIB and not on_cpu(config):
         plan.refusals.append(
             f"learner memory {gib(need)} per GPU at train.max_seq_len="
             f"{config.train.max_seq_len} exceeds the {gpu} GPU's {gpu_gib:.1f} GiB: lower "
@@ -131,7 +140,8 @@ def plan_servers(
     for devices in servers:
         plan.add(
             title,
-            f"server on GPU(s) {devices} (TP {tp}): weights {gib(weights)} + KV of "
+            f"server on {'cores' if on_cpu(config) else 'GPU(s)'} {devices} (TP {tp}): "
+            f"weights {gib(weights)} + KV of "
             f"one {gen.max_model_len}-token sequence {gib(kv_seq)} per GPU, within "
             f"gpu_memory_utilization {gen.gpu_memory_utilization} x {gpu_gib:.1f} = "
             f"{gib(budget)}: room for {max(0, int(room // kv_seq))} such sequences",
@@ -143,7 +153,7 @@ def plan_servers(
             f"gpu_memory_utilization={gen.gpu_memory_utilization} x {gpu_gib:.1f} GiB ({gpu})"
         )
     learner_gpus = set(range(trace.world_size))
-    if any(learner_gpus & set(d) for d in servers):
+    if not on_cpu(config) and any(learner_gpus & set(d) for d in servers):
         learner = with_margin(trace.peak_bytes)
         need = learner + budget
         plan.add(
@@ -193,20 +203,25 @@ def plan_host(plan: Plan, config: RunConfig, shape: dict) -> int:
     """Host RAM: the warm kernels, or the engines of a suite that runs its own (loop/build.py
     gives those `sandbox.pool_size`), and rank 0's read of the whole model; returns the larger
     of the two counts (for the open files)."""
-    kernels = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
-    engines = config.sandbox.pool_size
     weights = parameter_count(shape) * DTYPE_BYTES[config.model.dtype]
     each = config.sandbox.memory_mb * 2**20
+    if suite_class(config.suite).uses_sandbox:
+        count = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
+        what = "warm kernels (min(sandbox.pool_size, train.max_concurrent_rollouts))"
+        measured = KERNEL_PSS_MIB
+    else:  # the suite's own engines, `sandbox.pool_size` of them (loop/build.py)
+        count, what, measured = (
+            config.sandbox.pool_size,
+            "suite engines (sandbox.pool_size)",
+            (ENGINE_RSS_MIB),
+        )
     plan.add(
         "host",
-        f"{kernels} warm kernels (min(sandbox.pool_size, train.max_concurrent_rollouts)): "
-        f"{gib(kernels * KERNEL_PSS_MIB * 2**20)} at a kernel's measured {KERNEL_PSS_MIB} MiB, "
-        f"at most {gib(kernels * each)} (sandbox.memory_mb={config.sandbox.memory_mb} each); "
-        f"a suite with its own engines: {engines} (sandbox.pool_size), at most "
-        f"{gib(engines * each)}",
+        f"{count} {what}: {gib(count * measured * 2**20)} at {measured} MiB each (measured), at "
+        f"most {gib(count * each)} (sandbox.memory_mb={config.sandbox.memory_mb} each)",
     )
     plan.add("host", f"rank 0 reads the whole model once: {gib(weights)}")
-    return max(kernels, engines)
+    return count
 
 
 def plan_files(plan: Plan, config: RunConfig, kernels: int, world_size: int) -> None:

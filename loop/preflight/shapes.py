@@ -2,12 +2,16 @@
 
 `SHAPES` holds the `config.json` fields of Qwen2.5-0.5B/7B/32B-Instruct that set memory (the
 Hugging Face hub's model cards, Qwen/Qwen2.5-*-Instruct/config.json), keyed by the hub ids the
-configs use; `tiny` is a two-layer shape for tests and `--tiny` runs. benchmarks/bench_gpu.py
-builds its models from the same table.
+configs use, and SmolLM2-135M-Instruct's under its alias `smollm2-135m` (the embedded default;
+a Llama, traced as a Qwen2 of its shape: only the attention's biases differ, 0.01% of its
+parameters); `tiny` is a two-layer shape for tests and `--tiny` runs. A local model directory
+is read from its own config.json. benchmarks/bench_gpu.py builds its models from the same table.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 GIB = 2**30
@@ -40,6 +44,15 @@ SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=152064,
         tie_word_embeddings=False,
     ),
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -58,10 +71,18 @@ GPU_GIB: dict[str, float] = {"h100": 79.2, "h200": 139.8, "a100-80g": 79.2, "a10
 
 
 def shape_of(model: str) -> dict[str, Any]:
-    """The shape of `model` (a hub id, or its last path part: a local copy of the same model)."""
+    """The shape of `model`: a hub id or alias of `SHAPES`, a local copy of one (its last path
+    part), or a local model directory (the fields of `SHAPES` read from its config.json)."""
     for name, shape in SHAPES.items():
         if model == name or model.rstrip("/").split("/")[-1] == name.split("/")[-1]:
             return shape
+    config = Path(model).expanduser() / "config.json"
+    if config.is_file():
+        fields = json.loads(config.read_text())
+        try:
+            return {key: fields[key] for key in SHAPES["tiny"]}
+        except KeyError as missing:
+            raise ValueError(f"{config}: no {missing} field, which the preflight needs") from None
     known = ", ".join(n for n in SHAPES if n != "tiny")
     raise ValueError(f"model.name {model!r}: no published shape known to the preflight ({known})")
 
