@@ -245,11 +245,14 @@ def plan_files(plan: Plan, config: RunConfig, kernels: int, world_size: int) -> 
 
 
 def plan_disk(plan: Plan, config: RunConfig, trace: TraceResult) -> None:
-    """`train.keep_checkpoints` checkpoints (adapter or weights + AdamW's two moments)
-    against the free space at `output_dir` here (a note: the run's machine may differ)."""
+    """`train.keep_checkpoints` checkpoints and every `train.keep_every`-th (adapter or weights
+    + AdamW's two moments) against the free space at `output_dir` here (a note: the run's
+    machine may differ)."""
     lora = config.model.lora_rank > 0
     each = trace.trainable * (4 if lora else DTYPE_BYTES[config.model.dtype]) * 3
-    total = each * config.train.keep_checkpoints
+    t = config.train
+    kept = t.keep_checkpoints + (t.iterations // t.keep_every if t.keep_every else 0)
+    total = each * kept
     where = Path(config.output_dir).absolute()
     while not where.exists():
         where = where.parent
@@ -257,7 +260,8 @@ def plan_disk(plan: Plan, config: RunConfig, trace: TraceResult) -> None:
     short = "  (more than is free here)" if total > free else ""
     plan.add(
         "disk",
-        f"{config.train.keep_checkpoints} checkpoints (train.keep_checkpoints) x "
+        f"{kept} checkpoints (train.keep_checkpoints, and every train.keep_every-th of "
+        f"train.iterations) x "
         f"{gib(each)} ({'adapter' if lora else 'weights'} + AdamW moments) = {gib(total)};"
         f" free at {config.output_dir}: {gib(free)}{short}",
     )

@@ -109,3 +109,11 @@ def test_the_world_size_is_the_gpus_below_the_servers() -> None:
 def test_an_unknown_gpu_is_one_line() -> None:
     with pytest.raises(ValueError, match="--gpu 'h300'"):
         plan_of("qwen2.5-7b-1gpu.yaml", [], gpu="h300")
+
+
+def test_the_disk_counts_the_last_checkpoints_and_every_kth() -> None:
+    """The 32B config keeps the last 5 and every 25th of 200 iterations: 13, not 200."""
+    (line,) = plan_of("qwen2.5-32b-8gpu.yaml", [], peak_gib=62.0).sections["disk"]
+    assert line.startswith("13 checkpoints"), line
+    (line,) = plan_of("qwen2.5-32b-8gpu.yaml", ["train.keep_every=0"], 62.0).sections["disk"]
+    assert line.startswith("5 checkpoints"), line
