@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.test_train_cli import ROOT
@@ -43,7 +44,8 @@ ARGS = ["train.adv_threshold=0"]
 # (the easy split's longest gold turn is 163 tokens: configs/quickstart.yaml)
 WARM_START = [
     *("warm_start.source=gold", "warm_start.split=easy", "warm_start.limit=2"),
-    *("warm_start.cache=false", "warm_start.minibatch_size=2", "agent.max_new_tokens=168"),
+    *("warm_start.cache=false", "warm_start.minibatch_size=2", "warm_start.epochs=1"),
+    "agent.max_new_tokens=168",
 ]
 
 
@@ -96,11 +98,17 @@ def wait_for(
         time.sleep(0.5)
 
 
-def served(server_log: Path) -> int:
-    """Completions the server has answered (uvicorn's access log)."""
-    if not server_log.is_file():
-        return 0
-    return server_log.read_text(errors="replace").count("POST /v1/completions")
+def running(server_log: Path) -> bool:
+    """True while the server (its port from its log's start line) has requests running."""
+    start = re.search(r"=== start \d+: .* --port (\d+)", server_log.read_text(errors="replace"))
+    if start is None:
+        return False
+    try:
+        text = httpx.get(f"http://127.0.0.1:{start[1]}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return False  # not up yet
+    counts = re.findall(r"^vllm:num_requests_running\{.*\} ([0-9.]+)$", text, re.M)
+    return any(float(count) > 0 for count in counts)
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -140,7 +148,7 @@ def test_the_32b_node_rehearsed_preflight_server_killed_launch_killed_and_resume
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    wait_for(lambda: served(server_log) >= 2, "completion from the server", first, log, 900)
+    wait_for(lambda: running(server_log), "request running on the server", first, log, 900)
     servers = {p for p, cmd in descendants(first.pid).items() if "api_server" in cmd}
     assert servers, descendants(first.pid)
     for pid in servers:  # the server runs in a session of its own: its group is its own
@@ -178,7 +186,10 @@ def test_the_32b_node_rehearsed_preflight_server_killed_launch_killed_and_resume
     assert rows[0]["eval/tasks"] == 1 and rows[0]["eval/infra_failures"] == 0, rows[0]
     assert "warm_start/loss_first_epoch" in rows[0], rows[0]
     assert [r["iteration"] for r in rows] == [0, 1]
-    for row in rows:  # the server's death cost no rollout: its requests went again
+    # the server died with requests running: they went again once it was back
+    assert sum(row.get("servers/restarts", 0) for row in rows) == 1, rows
+    assert sum(row.get("servers/resent_requests", 0) for row in rows) >= 1, rows
+    for row in rows:  # and no rollout was lost to it
         assert row["rollout/count"] == 4 and row["rollout/infra_failures"] == 0, row
         assert row["learn/optimizer_steps"] >= 1 and row["is/tokens"] > 0, row
         assert 0 <= row["mismatch/engine_k3"] < 1e-3, row  # vLLM against the learner
