@@ -61,6 +61,6 @@ def test_each_turn_is_charged_its_tokens_at_most_its_generation_time() -> None:
 def test_only_failures_of_our_machinery_are_excluded() -> None:
     assert {
         "generation_timeout", "sandbox_crash", "env_crash", "generator_error", "env_error",
-        "start_state_mismatch",
+        "start_state_mismatch", "invalid_generation",  # a server's answer that fails its checks
     } == INFRA_STATUSES  # fmt: skip
     assert not Trajectory("t_1", "t", 1, 0, status="timeout").infra_failure
