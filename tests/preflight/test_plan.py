@@ -79,11 +79,16 @@ def test_a_server_whose_weights_and_one_sequence_overflow_its_share_is_refused()
     assert "generator.max_model_len=32768" in refusal and "gpu_memory_utilization=0.15" in refusal
 
 
-def test_a_server_start_longer_than_the_collective_wait_is_refused() -> None:
+def test_a_server_start_longer_than_the_collective_wait_is_refused(capsys) -> None:
+    """loop/checks.py's rule, which the preflight runs before it plans (no trace is run)."""
+    from train import preflight
+
     slow = ["generator.server_start_timeout_s=4000"]
-    (refusal,) = plan_of("qwen2.5-32b-8gpu.yaml", slow, peak_gib=62.0).refusals
-    assert refusal.startswith("generator.server_start_timeout_s=4000 must be below "
-                              "train.collective_timeout_s=3600")  # fmt: skip
+    assert preflight(CONFIGS / "qwen2.5-32b-8gpu.yaml", slow, None, "h100") == 2
+    assert capsys.readouterr().err.startswith(
+        "train.py: generator.server_start_timeout_s 4000 must be below "
+        "train.collective_timeout_s 3600"
+    )
 
 
 def test_a_rollout_longer_than_the_wait_for_rank_0_is_refused() -> None:
