@@ -85,12 +85,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
 SECTIONS = (
-    "env", "sdpa", "learner", "prefix", "logprobs", "engine", "parity", "learner32b", "fourbit",
-    "server", "skipped",
+    "env", "sdpa", "learner", "lora", "prefix", "logprobs", "engine", "engine_long", "parity",
+    "learner32b", "fourbit", "server", "skipped",
 )  # fmt: skip
 TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one device call)
-    "env": 60, "sdpa": 60, "learner": 150, "prefix": 120, "logprobs": 60, "engine": 180,
-    "parity": 60, "learner32b": 120, "fourbit": 120, "server": 300, "skipped": 30,
+    "env": 60, "sdpa": 60, "learner": 150, "lora": 150, "prefix": 120, "logprobs": 60,
+    "engine": 180, "engine_long": 150, "parity": 60, "learner32b": 150, "fourbit": 120,
+    "server": 300, "skipped": 30,
 }  # fmt: skip
 REPEATS = 5  # timed repeats of a decode step, of its sampling and of rows joining
 JOIN_TOKENS = 40  # new ids of a row joining for its next turn (glue and an observation)
@@ -456,6 +457,9 @@ def section_prefix(out: Out) -> None:
         del learner
 
 
+LEARNER32B_TOKENS = [32768]  # 8K and 16K: 2026-11-26 (benchmarks/README.md)
+
+
 def section_learner32b(out: Out) -> None:
     import torch
 
@@ -466,10 +470,128 @@ def section_learner32b(out: Out) -> None:
         per_layer = 2 * (2 * h * h + 2 * h * kvh * 128 + 3 * h * i)  # bf16 q, o, k, v, MLP
         fixed = 2 * 2 * dims["vocab_size"] * h
         free = torch.cuda.mem_get_info()[0]
-        room = free - fixed - 30e9  # activations and the LoRA optimizer at 16K tokens
+        room = free - fixed - 45e9  # activations and the LoRA optimizer at 32K tokens
         fit = int(room // per_layer)
         layers = None if fit >= dims["num_hidden_layers"] else max(fit, 1)
-    run_learner(out, "qwen2.5-32b", "lora", [256] if out.tiny else [8192, 16384], layers)
+    run_learner(out, "qwen2.5-32b", "lora", [256] if out.tiny else LEARNER32B_TOKENS, layers)
+
+
+LORA_WAYS = ("peft", "one product")  # peft's own forward; loop/model/lora.py's
+
+
+def section_lora(out: Out) -> None:
+    """LoRA's step on Qwen2.5-7B, peft's forward against one product per layer: the step time
+    (the better of two, the ways alternating), MFU and peak at 8K and 16K tokens; from the
+    same weights, each way's old log-probs, loss and gradient norm (learning unchanged: bf16
+    noise apart); and where one step's GPU time goes each way (torch.profiler, by kernel)."""
+    import torch
+
+    from loop.learner.learner import Learner
+    from loop.learner.settings import LearnerSettings
+    from loop.model.lora import fuse_lora_products, unfuse_lora_products
+    from loop.model.policy import LoraSettings, policy_from_model
+
+    model = build_model("qwen2.5-7b", out.tiny)
+    vocab = model.config.vocab_size
+    policy = policy_from_model(
+        model, tokenizer(64), device(out.tiny), lora=LoraSettings(rank=16, alpha=32),
+        gradient_checkpointing=True,
+    )  # fmt: skip
+    settings = LearnerSettings(
+        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
+        logprob_chunk_size=1024, max_grad_norm=1.0,
+    )  # fmt: skip
+    start = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    with torch.no_grad():  # B non-zero (peft starts it at 0), as after some training
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 1e-3)
+                start[name] = parameter.detach().clone()
+
+    def way(name: str) -> None:
+        (unfuse_lora_products if name == "peft" else fuse_lora_products)(policy.model)
+
+    def restart() -> Learner:
+        with torch.no_grad():
+            for name, parameter in policy.model.named_parameters():
+                if name in start:
+                    parameter.copy_(start[name])
+        return Learner(policy, settings)
+
+    lengths = [256, 512] if out.tiny else [8192, 16384]
+    flops_of = {t: forward_flops(policy.model, t, t - t // 10) for t in lengths}
+    peak = card_peak()
+    # 1. learning unchanged: from the same weights, the same sample, each way
+    sample = synthetic_sample(lengths[0], vocab, 7)
+    olds = {}
+    for name in LORA_WAYS:
+        way(name)
+        learner = restart()
+        learner.recompute_old_logprobs([sample])
+        olds[name] = sample.old_logprobs.clone()
+        stats = learner.learn([sample], seed=0)
+        out.row(kind="learning", way=name, tokens=lengths[0], loss=stats.losses[0],
+                grad_norm=stats.grad_norms[0])  # fmt: skip
+    gap = (olds["peft"] - olds["one product"])[sample.is_output].abs()
+    out.row(kind="learning", old_logprob_gap_max=round(gap.max().item(), 4),
+            old_logprob_gap_mean=round(gap.mean().item(), 5))  # fmt: skip
+    # 2. speed and memory, the ways alternating
+    learner = restart()
+    for name in LORA_WAYS:  # warm-up: kernels chosen for both
+        way(name)
+        learner.learn([learner_sample(512, vocab)], seed=0)
+    for tokens in lengths:
+        sample = learner_sample(tokens, vocab)
+        times: dict[str, list[float]] = {name: [] for name in LORA_WAYS}
+        peaks: dict[str, float | None] = {}
+        for name in LORA_WAYS * 2:
+            way(name)
+            reset_peak(out.tiny)
+            begin = time.perf_counter()
+            learner.learn([sample], seed=0)
+            sync(out.tiny)
+            times[name].append(time.perf_counter() - begin)
+            peaks[name] = peak_gib(out.tiny)
+        for name in LORA_WAYS:
+            step = min(times[name])
+            mfu = round(2 * flops_of[tokens] / step / peak, 3) if peak else None
+            out.row(
+                kind="step", way=name, tokens=tokens, step_s=round(step, 3),
+                step_tok_s=round(tokens / step), step_peak_gib=peaks[name], step_mfu=mfu,
+            )  # fmt: skip
+    # 3. one step's GPU time by kernel, each way
+    if out.tiny:
+        return
+    sample = learner_sample(lengths[0], vocab)
+    for name in LORA_WAYS:
+        way(name)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            learner.learn([sample], seed=0)
+            sync(out.tiny)
+        events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+        total = sum(e.self_device_time_total for e in events)
+        groups: dict[str, float] = {}
+        for event in events:
+            groups[kernel_kind(event.key)] = (
+                groups.get(kernel_kind(event.key), 0.0) + event.self_device_time_total
+            )
+        out.row(kind="profile", way=name, tokens=lengths[0], gpu_ms=round(total / 1e3, 1),
+                **{f"{k}_ms": round(v / 1e3, 1) for k, v in sorted(groups.items())})  # fmt: skip
+        for event in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+            out.row(kind="kernel", way=name, kernel=event.key[:90], calls=event.count,
+                    ms=round(event.self_device_time_total / 1e3, 1))  # fmt: skip
+
+
+def kernel_kind(name: str) -> str:
+    """A CUDA kernel's kind, from its name: matrix products, attention, the rest."""
+    low = name.lower()
+    if any(k in low for k in ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul", "cublas")):
+        return "gemm"
+    if any(k in low for k in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if any(k in low for k in ("copy", "cast", "convert")):
+        return "copy"
+    return "other"
 
 
 def section_logprobs(out: Out) -> None:
@@ -568,6 +690,66 @@ def section_engine(out: Out) -> None:
         if cap is not None:
             torch.cuda.set_per_process_memory_fraction(1.0)
     decode_syncs(Out(out.path.parent, "engine_syncs", out.tiny), policy, vocab, rows)
+
+
+ENGINE_LONG = (12288, 24576)  # prompt tokens per row, 32 rows (the paper's context is 32K)
+
+
+def section_engine_long(out: Out) -> None:
+    """The hf engine on Qwen2.5-7B with LoRA: 32 rows, each its own prompt of 12K or 24K
+    tokens, every key in its row slot (`kv_cache_mb=0`), 16 new tokens: the peak against
+    the preflight's rule for the engine (loop/preflight/plan.py `plan_hf_engine`: the rows'
+    KV at the longest row's length beside the resident weights, no margin)."""
+    import asyncio
+
+    import torch
+
+    from loop.generators.base import Generation, SamplingParams
+    from loop.generators.hf.generator import HFGenerator
+    from loop.model.policy import LoraSettings, policy_from_model
+    from loop.preflight.shapes import kv_bytes_per_token
+
+    rows, lengths, new = (4, (200, 400), 8) if out.tiny else (32, ENGINE_LONG, 16)
+    shape = "tiny" if out.tiny else "qwen2.5-7b"
+    model = build_model("qwen2.5-7b", out.tiny)
+    model.eval()
+    policy = policy_from_model(model, tokenizer(64), device(out.tiny), lora=LoraSettings(16, 32))
+    vocab = model.config.vocab_size
+    weights = allocated_gib(out.tiny)
+    per_token = kv_bytes_per_token(SHAPES[shape], 2)
+    for length in lengths:
+        generator = HFGenerator(policy, max_batch_size=rows, kv_cache_mb=0)
+        prompts = [
+            torch.randint(4, vocab, (length,), generator=torch.Generator().manual_seed(i)).tolist()
+            for i in range(rows)
+        ]
+        params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
+
+        async def run(
+            gen: HFGenerator = generator, asks: list[Any] = prompts, how: Any = params
+        ) -> list[Any]:
+            results = await asyncio.gather(
+                *(gen.generate(p, how) for p in asks), return_exceptions=True
+            )
+            await gen.close()
+            return results
+
+        reset_peak(out.tiny)
+        start = time.perf_counter()
+        results = asyncio.run(run())
+        sync(out.tiny)
+        done = [r for r in results if isinstance(r, Generation)]
+        kv = rows * (length + new) * per_token / 2**30
+        peak = peak_gib(out.tiny)
+        plan = None if weights is None else round(weights + kv, 2)
+        out.row(
+            rows=rows, prompt_tokens=length, seconds=round(time.perf_counter() - start, 1),
+            rows_ok=len(done), errors=sorted({f"{type(r).__name__}: {str(r)[:160]}"
+                                             for r in results if r not in done}),
+            weights_gib=weights, kv_gib=round(kv, 2), preflight_gib=plan, peak_gib=peak,
+            ratio=None if plan is None or peak is None else round(plan / peak, 2),
+        )  # fmt: skip
+        del generator, results, done
 
 
 def decode_syncs(out: Out, policy: Any, vocab: int, rows: int) -> None:
@@ -871,6 +1053,10 @@ def section_skipped(out: Out) -> None:
     if importlib.util.find_spec("vllm") is None:
         out.row(step="a vLLM server: adapter publication and learner-vs-server parity",
                 why="vLLM is not installed here")  # fmt: skip
+        out.row(step="the trainer collecting ahead (train.overlap.max_staleness 1)",
+                why="collecting ahead needs a backend that keeps adapter versions "
+                "(vllm_server), and vLLM is not installed here; tests/test_rehearsal.py runs "
+                "it on CPUs")  # fmt: skip
     if out.tiny:
         out.row(step="everything at real sizes", why="--tiny: a 2-layer model on the CPU")
 

@@ -25,6 +25,7 @@ import torch
 
 from loop.config_types import one_line
 from loop.model.aliases import is_peft_model, resolve_model
+from loop.model.lora import fuse_lora_products
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda", "auto")
@@ -260,6 +261,8 @@ def _wrap_lora(model: Any, lora: LoraSettings) -> Any:
         task_type="CAUSAL_LM",
     )
     try:
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
     except ValueError as exc:
         raise ValueError(f"cannot apply LoRA {lora}: {one_line(exc)}") from None
+    fuse_lora_products(wrapped)  # one product per layer in the model's dtype (loop/model/lora.py)
+    return wrapped

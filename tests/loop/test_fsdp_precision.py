@@ -39,9 +39,10 @@ def test_lora_is_stored_in_float32_and_computed_in_the_model_dtype(
     model = _wrap_lora(tiny_llama().to(dtype), LoraSettings(rank=4, alpha=8))
     distributed.shard_model(model)
     computed: list[torch.dtype] = []
-    lora_a = [m for name, m in model.named_modules() if name.endswith("lora_A.default")]
+    adapted = [m for m in model.modules() if hasattr(m, "lora_A")]  # the factors as gathered
     hooks = [
-        m.register_forward_pre_hook(lambda m, args: computed.append(m.weight.dtype)) for m in lora_a
+        m.register_forward_pre_hook(lambda m, args: computed.append(m.lora_A.default.weight.dtype))
+        for m in adapted
     ]
     logits = model(input_ids=torch.tensor([[1, 5, 7, 9]])).logits
     for hook in hooks:
