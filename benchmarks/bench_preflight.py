@@ -9,8 +9,9 @@ layers or full fine-tuning, one process) it traces the same step the preflight t
 (loop/preflight/trace.py: fake process group and tensors, FSDPMemTracker) and prints the traced
 peak beside the measured `torch.cuda.max_memory_allocated`, with their ratio. The margin the
 preflight adds for what the trace cannot see (loop/preflight/plan.py) is not included: the
-measurement does not see it either. Then the hf engine's rows: 32 rows of 8,100 tokens of KV
-beside the resident weights (the arithmetic of `plan_hf_engine`).
+measurement does not see it either. Then the hf engine's rows (32 rows of 8,100 and 12,288
+tokens): their KV beside the resident weights (the arithmetic of `plan_hf_engine`) against the
+measured peak.
 """
 
 from __future__ import annotations
@@ -25,24 +26,23 @@ sys.path.insert(0, str(ROOT))
 from loop.preflight.shapes import GIB, SHAPES, kv_bytes_per_token, parameter_count  # noqa: E402
 from loop.preflight.trace import TraceRequest, run_traces  # noqa: E402
 
-# (model, train, tokens) -> measured step peak GiB: benchmarks/README.md, "On a GPU" (an H200)
+# (model, train, tokens) -> measured step peak GiB: benchmarks/README.md, "On a GPU" (an H200).
+# LoRA rows: each adapted layer as one product (loop/model/lora.py), measured 2026-11-28 (the
+# LoRA rows before it were measured with peft's own forward, which the trace no longer takes).
 MEASURED = {
-    ("Qwen/Qwen2.5-0.5B-Instruct", "LoRA", 8192): 3.8,
-    ("Qwen/Qwen2.5-0.5B-Instruct", "LoRA", 16384): 4.2,
-    ("Qwen/Qwen2.5-0.5B-Instruct", "LoRA", 32768): 5.8,
     ("Qwen/Qwen2.5-0.5B-Instruct", "full", 8192): 5.8,
     ("Qwen/Qwen2.5-0.5B-Instruct", "full", 16384): 6.2,
     ("Qwen/Qwen2.5-0.5B-Instruct", "full", 32768): 7.0,
-    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 8192): 19.7,
-    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 16384): 24.6,
-    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 32768): 34.3,
+    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 8192): 18.68,
+    ("Qwen/Qwen2.5-7B-Instruct", "LoRA", 16384): 22.18,
     ("Qwen/Qwen2.5-7B-Instruct", "full", 8192): 58.0,
     ("Qwen/Qwen2.5-7B-Instruct", "full", 16384): 60.4,
     ("Qwen/Qwen2.5-7B-Instruct", "full", 32768): 65.3,
-    ("Qwen/Qwen2.5-32B-Instruct", "LoRA", 8192): 72.5,
-    ("Qwen/Qwen2.5-32B-Instruct", "LoRA", 16384): 82.3,
+    ("Qwen/Qwen2.5-32B-Instruct", "LoRA", 32768): 95.69,
 }
-ENGINE_ROWS, ENGINE_TOKENS = 32, 8100  # the engine section: 32 rows of 8,100-token prompts
+# The hf engine's rows, measured (bench_gpu.py `engine`, `engine_long`): rows, prompt tokens ->
+# peak GiB (kv_cache_mb 1024 at 8,100 tokens; 0 at 12,288)
+ENGINE_MEASURED = {(32, 8100): 46.2, (32, 12288): 62.43}
 
 
 def main() -> None:
@@ -67,10 +67,13 @@ def main() -> None:
         name = model.split("/")[-1].removesuffix("-Instruct")
         print(f"| {name} | {train} | {tokens:,} | {measured or ''} | {traced:.1f} | {ratio} |")
     shape = SHAPES["tiny" if tiny else "Qwen/Qwen2.5-7B-Instruct"]
-    kv = ENGINE_ROWS * ENGINE_TOKENS * kv_bytes_per_token(shape) / GIB
     weights = parameter_count(shape) * 2 / GIB  # bfloat16, as the plan counts
-    print(f"\nhf engine, {ENGINE_ROWS} rows x {ENGINE_TOKENS:,} tokens: KV {kv:.1f} GiB + "
-          f"weights {weights:.1f} GiB = {kv + weights:.1f} GiB")  # fmt: skip
+    print("\n| hf engine rows | prompt tokens | KV GiB | KV + weights GiB | measured GiB | ratio |")
+    print("|---|---|---|---|---|---|")
+    for (count, tokens), measured in ENGINE_MEASURED.items():
+        kv = count * tokens * kv_bytes_per_token(shape) / GIB
+        plan, ratio = kv + weights, (kv + weights) / measured
+        print(f"| {count} | {tokens:,} | {kv:.1f} | {plan:.1f} | {measured} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

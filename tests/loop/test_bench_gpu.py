@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # as its subprocess: under load it outgrew 300 s (a vLLM server starts)
 def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
-    sections = ["env", "sdpa", "learner", "prefix", "logprobs", "engine", "parity", "server"]
+    sections = ["env", "sdpa", "learner", "lora", "prefix", "logprobs", "engine", "engine_long"]
+    sections += ["parity", "server"]
     sections.append("skipped")
     command = [sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--out", str(tmp_path)]
     done = subprocess.run(
@@ -42,7 +43,14 @@ def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
     assert [r["way"] for r in prefix] == ["whole", "shared"] * 2
     assert all(r["step_s"] > 0 and r["recompute_s"] > 0 for r in prefix)
     assert all(r["logprob_gap_max"] < 0.1 for r in prefix if r["way"] == "shared")
-    assert all(r["rows_ok"] == r["rows"] for r in by_section["engine"])
+    assert all(r["rows_ok"] == r["rows"] for r in by_section["engine"] + by_section["engine_long"])
+    lora = by_section["lora"]  # peft's forward against one product: the same step, both timed
+    learning = [r for r in lora if r["kind"] == "learning" and "way" in r]
+    assert [r["way"] for r in learning] == ["peft", "one product"]
+    assert learning[0]["loss"] == pytest.approx(learning[1]["loss"], abs=1e-3)
+    assert learning[0]["grad_norm"] == pytest.approx(learning[1]["grad_norm"], rel=1e-2)
+    steps = [r for r in lora if r["kind"] == "step"]
+    assert len(steps) == 4 and all(r["step_s"] > 0 for r in steps)
     assert all(r["abs_logprob_diff_max"] < 0.1 for r in by_section["parity"])
     server = by_section["server"]
     if importlib.util.find_spec("vllm") is None:
