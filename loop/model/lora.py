@@ -43,7 +43,7 @@ def fuse_lora_products(model: Any) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, Linear) and not _is_subclass_layer(module, Linear):
-            module.forward = types.MethodType(_one_product_forward, module)
+            module.forward = types.MethodType(_one_product_forward, module)  # type: ignore[method-assign]
             count += 1
     return count
 
@@ -56,7 +56,7 @@ def unfuse_lora_products(model: Any) -> None:
             del module.forward
 
 
-def _is_subclass_layer(module: Any, linear: type) -> bool:
+def _is_subclass_layer(module: Any, linear: Any) -> bool:
     """True for peft classes derived from its LoRA `Linear` with their own forward (quantized
     bases); a class that FSDP2 derives to shard the layer keeps `Linear.forward`."""
     return type(module).forward is not linear.forward
