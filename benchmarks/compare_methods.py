@@ -1,4 +1,4 @@
-"""The LOOP paper's Table 1 RL rows and Verlog on the same tasks and seeds: one table.
+"""The LOOP paper's Table 1 RL and preference rows and Verlog on the same tasks and seeds.
 
     python benchmarks/compare_methods.py                       # quickstart scale (the app world)
     python benchmarks/compare_methods.py --synthetic           # the trainer tests' word task
@@ -51,6 +51,7 @@ ROWS = {
     "grpo": "configs/table1/grpo.yaml",
     "grpo-no-kl": "configs/table1/grpo-no-kl.yaml",
     "ppo-critic": "configs/table1/ppo-critic.yaml",
+    "dmpo": "configs/table1/dmpo.yaml",
     "verlog": "configs/verlog.yaml",
 }
 # Keys that set the scale of a run, not its algorithm: taken from the scale, never from a row.

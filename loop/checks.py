@@ -342,6 +342,12 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
             f"train.no_signal_draw_prob: must be in (0, 1], got {train.no_signal_draw_prob}"
         )
     _check_correction(train)
+    p = train.preference
+    if not (p.beta > 0 and 0 < p.gamma <= 1 and p.margin >= 0):  # NaN too
+        raise ConfigError(f"train.preference: beta > 0, gamma in (0, 1], margin >= 0, got {p}")
+    dpo = train.loss == "dpo"  # one step at the reference (loop/learner/objective.py)
+    if dpo != (train.advantage == "preference") or (dpo and not train.strictly_on_policy):
+        raise ConfigError("train.advantage preference goes with loss dpo and strictly_on_policy")
     if train.loss == "cross_entropy" and train.advantage != "filter":
         raise ConfigError(
             "train.loss cross_entropy trains on the rollouts that advantage filter keeps: "
@@ -368,8 +374,7 @@ def _check_correction(train: TrainConfig) -> None:
 
 
 def _check_old_logprobs(config: RunConfig) -> None:
-    """train.off_policy.old_logprobs sampler: only where the sampler's log-probs are the
-    learner's."""
+    """train.off_policy.old_logprobs sampler: where the sampler's log-probs are the learner's."""
     train = config.train
     if train.off_policy.old_logprobs != "sampler":
         return

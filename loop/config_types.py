@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+Advantage = Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog", "preference"]
+
 
 class ConfigError(ValueError):
     """A configuration problem, stated in one line that names the key."""
@@ -155,9 +157,7 @@ class AgentConfig:
         "timeout attribution: emitted tokens cost the agent the backend's measured time per "
         "token plus this many standard errors (loop/rollout/attribution.py)",
     )
-    worked_example: bool = doc(
-        True, "show the suite's worked example in the prompt (the paper does)"
-    )
+    worked_example: bool = doc(True, "show the suite's worked example in the prompt ([P] does)")
     memory_turns: int | None = doc(None, "Verlog's memory: context + the last n turns (None: all)")
 
 
@@ -174,9 +174,8 @@ class EvalConfig:
     max_turns: int | None = doc(None, "the turn limit in evaluation (None: agent.max_turns)")
     sampled_rollouts_per_task: int = doc(
         0,
-        "also sample K rollouts per task at sampled_temperature in the same pass, written as "
-        "split '<split>@T<t>' (metrics eval/sampled/*): greedy success can rise while sampled "
-        "success does not (0: off)",
+        "also sample K rollouts per task at sampled_temperature in the same pass, written as split"
+        " '<split>@T<t>' (eval/sampled/*): greedy success can rise while sampled does not (0: off)",
     )
     sampled_temperature: float = doc(1.0, "the sampled pass's temperature (training's: 1)")
 
@@ -272,6 +271,15 @@ class HorizonConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """train.preference: the preference baselines of [P] App. C (loop/algo/preference.py)."""
+
+    beta: float = doc(0.1, "beta of the DPO / DMPO loss (DPO's usual 0.1; [P] gives none)")
+    gamma: float = doc(0.9, "DMPO's discount in its turn weights phi(t, T) (1: (T - t) / T)")
+    margin: float = doc(0.0, "a pair needs returns (or Q values) more than this apart ([P])")
+
+
+@dataclass
 class TrainConfig:
     """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults),
     its variants, the run's bookkeeping, and the extensions in named sections."""
@@ -280,17 +288,19 @@ class TrainConfig:
     iterations: int = doc(200, "RL iterations (each: collect, learn, sync)")
     tasks_per_iteration: int = doc(40, "N: tasks drawn per iteration (without replacement)")
     rollouts_per_task: int = doc(6, "K: i.i.d. rollouts of each task")
-    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
+    advantage: Advantage = doc(
         "loo",
         "loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches "
         "return_threshold, else 0: expert iteration, with loss cross_entropy) | gae (per-token "
         "GAE from a value head: the paper's PPO with a learned critic) | verlog (dual-discount "
-        "GAE)",
+        "GAE) | preference (rollouts 2j, 2j+1 whose returns differ by more than "
+        "preference.margin: A = +1 / -1, DMPO, with loss dpo)",
     )
     adv_threshold: float = doc(0.01, "drop rollouts with |A| below this before learning")
-    loss: Literal["ppo", "reinforce", "cross_entropy"] = doc(
+    loss: Literal["ppo", "reinforce", "cross_entropy", "dpo"] = doc(
         "ppo",
-        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)",
+        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)"
+        " | dpo (the DMPO loss of preference pairs, the iteration's start as the reference)",
     )
     clip_eps: float = doc(0.1, "PPO epsilon")
     epochs: int = doc(2, "passes over the kept rollouts per iteration")
@@ -325,24 +335,18 @@ class TrainConfig:
     turn_coef: float = doc(1.0, "advantage turn: weight of the turn-level advantage (MT-GRPO)")
     strictly_on_policy: bool = doc(False, "one epoch, one minibatch of everything (RLOO / GRPO)")
     no_signal_draw_prob: float = doc(
-        1.0,
-        "A task whose last group carried no signal (every rollout the same reward: all solved "
-        "or all failed) is drawn with this probability when its turn comes (1.0: always, the "
-        "paper).",
+        1.0, "a task whose last group had no signal (one reward for all) is drawn with this chance"
     )
     stratify: Literal["scenario"] | None = doc(
-        None,
-        "scenario: each iteration's tasks spread evenly over the scenarios (None: the paper's "
-        "uniform draws)",
+        None, "scenario: each iteration's tasks spread evenly over the scenarios (None: uniform)"
     )
 
     # The run: memory, guards, checkpoints, logs.
     shared_prefix_min: int = doc(
         64,
-        "the tokens every rollout of a step starts with (the system prompt) run through the "
-        "model once for the step, when at least this many (0: every sequence whole); the same "
-        "gradients, fewer tokens. Not with gradient checkpointing, several learner processes "
-        "or a critic (loop/learner/prefix.py)",
+        "the tokens every rollout of a step starts with (the system prompt) run through the model"
+        " once for the step, when at least this many (0: every sequence whole); the same gradients,"
+        " fewer tokens. Not with gradient checkpointing, several learners or a critic (prefix.py)",
     )
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
@@ -361,15 +365,13 @@ class TrainConfig:
     deterministic: bool = doc(False, "torch deterministic algorithms (reproducible on CPU)")
     collective_timeout_s: float = doc(
         3600.0,
-        "several learner processes: a collective of the learners (an all-reduce, a "
-        "checkpoint gather) that waits longer fails the run ([C]: init_process_group's 3,600 "
-        "s; torch's own default is 600 s for nccl)",
+        "several learner processes: a collective of the learners (an all-reduce, a checkpoint"
+        " gather) that waits longer fails the run ([C]: init_process_group's 3,600 s; torch: 600)",
     )
     rollout_wait_timeout_s: float = doc(
         6 * 3600.0,
-        "several learner processes: how long ranks 1.. wait for rank 0 to evaluate and "
-        "collect an iteration's rollouts (a separate gloo group, so this long wait does not "
-        "loosen collective_timeout_s)",
+        "several learner processes: how long ranks 1.. wait for rank 0 to evaluate and collect an"
+        " iteration's rollouts (a separate gloo group: this wait does not loosen the one above)",
     )
 
     # The extensions, each off by default (the paper).
@@ -380,6 +382,7 @@ class TrainConfig:
     replay: ReplayConfig = doc_factory(ReplayConfig, "the warm start's demonstrations replayed")
     overlap: OverlapConfig = doc_factory(OverlapConfig, "collecting ahead while learning")
     horizon: HorizonConfig = doc_factory(HorizonConfig, "a turn limit that grows (ScalingInter-RL)")
+    preference: PreferenceConfig = doc_factory(PreferenceConfig, "DMPO's and DPO-MCTS's settings")
 
 
 @dataclass

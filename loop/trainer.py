@@ -193,7 +193,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         credit = assign_credit(
             groups, method=cfg.advantage, reward=cfg.reward, threshold=cfg.adv_threshold,
             normalize=cfg.normalize_advantage, turn_coef=cfg.turn_coef,
-            return_threshold=cfg.return_threshold,
+            return_threshold=cfg.return_threshold, margin=cfg.preference.margin,
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
         metrics |= iteration_metrics(groups, credit, discarded, samples, kept)
