@@ -277,6 +277,11 @@ class PreferenceConfig:
     beta: float = doc(0.1, "beta of the DPO / DMPO loss (DPO's usual 0.1; [P] gives none)")
     gamma: float = doc(0.9, "DMPO's discount in its turn weights phi(t, T) (1: (T - t) / T)")
     margin: float = doc(0.0, "a pair needs returns (or Q values) more than this apart ([P])")
+    search_iterations: int = doc(
+        0, "> 0: DPO-MCTS, a tree search of this many iterations per task (no K rollouts; [P]: 30)"
+    )
+    buffer_size: int = doc(1024, "DPO-MCTS: pairs kept in its persistent replay buffer")
+    pairs_per_iteration: int = doc(64, "DPO-MCTS: pairs drawn from the buffer per iteration")
 
 
 @dataclass
@@ -311,21 +316,15 @@ class TrainConfig:
     split: str = doc("train", "the suite split tasks are drawn from")
     max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty (paper: 2)")
     max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
-    rollouts_fraction: float = doc(
-        0.9, "straggler cut-off: stop once this share of rollouts is done"
-    )
+    rollouts_fraction: float = doc(0.9, "straggler cut-off: stop once this share is done")
     min_rollouts_per_task: int = doc(4, "... and every task has at least this many")
     reward: Literal["fraction", "success", "acted"] = doc(
         "fraction",
         "fraction of tests passed | all passed | acted: the collateral test counts only once "
         "the agent changed the state or passed another test (loop/algo/credit.py)",
     )
-    ratio_level: Literal["token", "turn", "trajectory"] = doc(
-        "token", "importance-weight granularity"
-    )
-    clip_lower: Literal["reciprocal", "symmetric"] = doc(
-        "reciprocal", "[1/(1+eps), 1+eps] or 1-eps"
-    )
+    ratio_level: Literal["token", "turn", "trajectory"] = doc("token", "importance-weight level")
+    clip_lower: Literal["reciprocal", "symmetric"] = doc("reciprocal", "[1/(1+eps), 1+eps], 1-eps")
     micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")
     weight_decay: float = doc(0.01, "AdamW weight decay")
 
@@ -351,9 +350,7 @@ class TrainConfig:
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
-    max_infra_failure_share: float | None = doc(
-        0.5, "abort if more of an iteration's rollouts fail"
-    )
+    max_infra_failure_share: float | None = doc(0.5, "abort if more of an iteration's fail")
     stress_test: bool = doc(True, "forward+backward of a max_seq_len rollout before iteration 0")
     eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
     checkpoint_every: int = doc(1, "save every n iterations (and after the last)")

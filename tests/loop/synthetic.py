@@ -109,6 +109,8 @@ class WordSuite:
     name = "words"
     shares_weights = False
     uses_sandbox = False  # the environment runs no code
+    marks_collateral = False
+    replays_exactly = True  # the words alone decide the state
 
     def __init__(self) -> None:
         self._splits = {

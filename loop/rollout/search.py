@@ -1,0 +1,255 @@
+"""DPO-MCTS's search ([P] App. C, a simplified Agent Q): a tree over turns per task, and the
+persistent replay buffer of the preference pairs it finds.
+
+One search (`search_task`) runs `iterations` times (up to 30 in [P]): UCB selects a leaf
+(loop/algo/mcts.py); the leaf's state is restored by replaying its path's turns into a fresh
+environment and sandbox; the policy samples the next turn there and the episode is rolled out
+to the end (one rollout, scored by the environment's own tests); a second candidate turn is
+sampled from the same prompt and not rolled out; the rollout's return is backed up from the
+first candidate to the root. [P]'s 2 candidates per expansion are `candidates`.
+
+Restoring by replay: `ReplayGenerator` answers the episode's first calls with the path's
+recorded generations, so the real episode loop (loop/rollout/agent.py) runs their code, in
+order, against a fresh reset of the task: the state after the path, given a world where the
+same code from the same start gives the same state. Only a suite that says so
+(`TaskSuite.replays_exactly`: the built-in world) may be searched (loop/checks.py); each replay
+is still checked, token for token: the prompt the replay reaches before each recorded turn
+must be the one it was sampled from (the observations are in it), else the iteration is
+counted in `search/replay_mismatches` and skipped.
+
+Pairs: the siblings whose Q gap exceeds `train.preference.margin` (`sibling_pairs`) become two
+one-turn `Trajectory`s each: the node's prompt (never trained) and the candidate's sampled ids
+(the only output), with the candidate's Q as their reward, so the trainer's preference credit
+(+1 / -1) and the DPO loss (DMPO's with one turn) train them unchanged. `PairBuffer` keeps the
+newest `buffer_size` pairs across iterations ([P]: a persistent offline replay buffer; kept in
+memory: a resumed run starts it empty) and each iteration trains on `pairs_per_iteration` of them
+drawn at random. The rollouts themselves are not trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loop.algo.mcts import Tree, backup, select, sibling_pairs
+from loop.config import AgentConfig
+from loop.generators.base import Generation, Generator, GeneratorStats, SamplingParams
+from loop.generators.tokenizer import Tokenizer
+from loop.rollout.codeblocks import extract_code
+from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
+from loop.rollout.trajectory import Trajectory, Turn
+from tasks import Task, TaskSuite
+
+Call = tuple[list[int], SamplingParams, list[dict[str, str]] | None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A turn of the tree: the exact prompt it was sampled from and what was sampled."""
+
+    prompt: list[int]
+    generation: Generation
+
+
+class ReplayGenerator:
+    """The policy's generator, except that its first calls return `prefix`'s generations (a
+    node's path, replayed); records every call's prompt and answer."""
+
+    def __init__(self, inner: Generator, prefix: Sequence[Generation]) -> None:
+        self.inner, self.prefix = inner, list(prefix)
+        self.name, self.shares_weights = inner.name, inner.shares_weights
+        self.calls: list[Call] = []
+        self.generations: list[Generation] = []
+
+    @property
+    def version(self) -> str:
+        """The inner generator's."""
+        return self.inner.version
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        messages: list[dict[str, str]] | None = None,
+    ) -> Generation:
+        """The next recorded generation while the prefix lasts, then the policy's sample."""
+        index = len(self.calls)
+        self.calls.append((list(prompt_token_ids), params, messages))
+        if index < len(self.prefix):
+            generation = self.prefix[index]
+        else:
+            generation = await self.inner.generate(prompt_token_ids, params, messages=messages)
+        self.generations.append(generation)
+        return generation
+
+    def load_adapter(self, path: Path | None) -> None:
+        """Not for a replay: the trainer publishes to the inner generator."""
+        raise RuntimeError("a replay generator does not load adapters")
+
+    def release_memory(self) -> None:
+        """The inner generator's."""
+        self.inner.release_memory()
+
+    def stats(self) -> GeneratorStats:
+        """The inner generator's."""
+        return self.inner.stats()
+
+    async def close(self) -> None:
+        """Nothing: the inner generator outlives the replay."""
+
+
+@dataclass
+class SearchResult:
+    """One task's search: its tree, its rollouts, its pairs as two-trajectory groups."""
+
+    tree: Tree
+    rollouts: list[Trajectory] = field(default_factory=list)
+    pairs: list[list[Trajectory]] = field(default_factory=list)
+    replay_mismatches: int = 0
+    failures: int = 0  # rollouts with an infrastructure status (nothing backed up)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """One search's knobs (train.preference; [P] App. C)."""
+
+    iterations: int  # tree iterations per task ([P]: up to 30)
+    candidates: int  # candidate turns per expansion ([P]: 2)
+    ucb_c: float  # UCB's exploration constant
+    margin: float  # the Q gap a pair must exceed
+
+
+async def search_task(
+    task: Task,
+    *,
+    suite: TaskSuite,
+    pool: SandboxPool,
+    generator: Generator,
+    tokenizer: Tokenizer,
+    agent: AgentConfig,
+    example: list[dict[str, str]],
+    search: SearchSettings,
+    score: Callable[[Trajectory], float],
+    seed: int,
+) -> SearchResult:
+    """The tree search of one task (module docstring); `score` is the training reward of a
+    rollout, `seed` the search's (each rollout's is seed + its iteration)."""
+    result = SearchResult(Tree())
+    tree = result.tree
+    ended_with: dict[int, float] = {}  # a terminal node -> the return its episode ended with
+    for iteration in range(search.iterations):
+        leaf = select(tree, search.ucb_c)
+        if tree.nodes[leaf].terminal:
+            backup(tree, leaf, ended_with[leaf])
+            continue
+        path = [tree.nodes[i].payload for i in tree.path(leaf)[1:]]
+        replay = ReplayGenerator(generator, [c.generation for c in path])
+        job = RolloutJob(task, sample_index=iteration, seed=seed + 1000 * iteration)
+        (traj,) = await collect_rollouts(
+            [job],
+            suite=suite,
+            pool=pool,
+            generator=replay,
+            tokenizer=tokenizer,
+            settings=agent,
+            example=example,
+            max_concurrent=1,
+        )
+        result.rollouts.append(traj)
+        if traj.infra_failure or traj.reward is None:
+            result.failures += 1
+            continue
+        if any(c.prompt != call[0] for c, call in zip(path, replay.calls, strict=False)):
+            result.replay_mismatches += 1  # the world did not replay exactly: no back-up
+            continue
+        value, depth = score(traj), len(path)
+        if len(traj.turns) <= depth:  # the episode ended within the path: the leaf is an end
+            tree.nodes[leaf].terminal, ended_with[leaf] = True, value
+            backup(tree, leaf, value)
+            continue
+        prompt, params, messages = replay.calls[depth]
+        first = tree.add_child(leaf, Candidate(prompt, replay.generations[depth]))
+        for k in range(1, search.candidates):
+            seed_k = None if params.seed is None else (params.seed * 31 + k) % 2**31
+            other = dataclasses.replace(params, seed=seed_k)
+            sampled = await generator.generate(prompt, other, messages=messages)
+            tree.add_child(leaf, Candidate(prompt, sampled))
+        if len(traj.turns) == depth + 1:
+            tree.nodes[first].terminal, ended_with[first] = True, value
+        backup(tree, first, value)
+    for chosen, rejected in sibling_pairs(tree, search.margin):
+        members = [(tree.nodes[i].payload, tree.nodes[i].q) for i in (chosen, rejected)]
+        result.pairs.append(
+            [one_turn_trajectory(task, k, c, q, tokenizer) for k, (c, q) in enumerate(members)]
+        )
+    return result
+
+
+def one_turn_trajectory(
+    task: Task, sample_index: int, candidate: Candidate, q: float, tokenizer: Tokenizer
+) -> Trajectory:
+    """A pair member as the learner takes it: the prompt (not trained), the candidate's ids
+    (the output) and its Q as the reward."""
+    traj = Trajectory(task.id, task.scenario_id, task.difficulty, sample_index)
+    traj.append(candidate.prompt, output=False)
+    traj.prompt_length = start = len(traj.tokens)
+    generation = candidate.generation
+    traj.append(list(generation.token_ids), output=True, logprobs=generation.logprobs)
+    text = generation.text
+    if text is None:
+        text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    code = extract_code(text)
+    traj.turns.append(Turn(start, len(traj.tokens), generation.finish_reason, text, code))
+    traj.reward, traj.status = q, "ok"
+    return traj
+
+
+class PairBuffer:
+    """The persistent replay buffer of pairs: the newest `size` kept, draws seeded."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.pairs: list[list[Trajectory]] = []
+        self.rng = random.Random(seed)
+
+    def add(self, pairs: Sequence[list[Trajectory]]) -> None:
+        """Keep `pairs`, dropping the oldest beyond the size."""
+        self.pairs = [*self.pairs, *pairs][-self.size :]
+
+    def draw(self, count: int) -> list[list[Trajectory]]:
+        """`count` pairs at random without replacement (all of them when fewer)."""
+        return self.rng.sample(self.pairs, min(count, len(self.pairs)))
+
+
+async def search_round(
+    tasks: Sequence[Task],
+    buffer: PairBuffer,
+    *,
+    pairs_per_iteration: int,
+    seeds: Sequence[int],
+    **common: Any,
+) -> tuple[list[list[Trajectory]], dict[str, float]]:
+    """One iteration's collection: a search per task (concurrently), their pairs added to
+    `buffer`, and the pairs drawn to train on as two-rollout groups; with the metrics
+    `search/*`."""
+    results = await asyncio.gather(
+        *(search_task(task, seed=seed, **common) for task, seed in zip(tasks, seeds, strict=True))
+    )
+    for result in results:
+        buffer.add(result.pairs)
+    rollouts = [t for r in results for t in r.rollouts if t.reward is not None]
+    metrics = {
+        "search/return_mean": sum(t.reward or 0.0 for t in rollouts) / max(len(rollouts), 1),
+        "search/rollouts": float(sum(len(r.rollouts) for r in results)),
+        "search/new_pairs": float(sum(len(r.pairs) for r in results)),
+        "search/buffer_pairs": float(len(buffer.pairs)),
+        "search/replay_mismatches": float(sum(r.replay_mismatches for r in results)),
+        "search/failures": float(sum(r.failures for r in results)),
+    }
+    return buffer.draw(pairs_per_iteration), metrics
