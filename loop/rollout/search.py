@@ -34,16 +34,21 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from loop.algo.mcts import Tree, backup, select, sibling_pairs
-from loop.config import AgentConfig
+from loop.config import AgentConfig, RunConfig
 from loop.generators.base import Generation, Generator, GeneratorStats, SamplingParams
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.codeblocks import extract_code
 from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
+from loop.rollout.prompt import prompt_example
 from loop.rollout.trajectory import Trajectory, Turn
+from loop.seeds import rollout_seed
 from tasks import Task, TaskSuite
+
+CANDIDATES = 2  # candidate turns per expansion ([P] App. C)
+UCB_C = 1.0  # UCB's exploration constant: returns lie in [0, 1] ([P] gives none)
 
 Call = tuple[list[int], SamplingParams, list[dict[str, str]] | None]
 
@@ -195,12 +200,14 @@ def one_turn_trajectory(
     task: Task, sample_index: int, candidate: Candidate, q: float, tokenizer: Tokenizer
 ) -> Trajectory:
     """A pair member as the learner takes it: the prompt (not trained), the candidate's ids
-    (the output) and its Q as the reward."""
+    (the output) and its Q as the reward. Without the sampler's log-probs (NaN): a pair drawn
+    from the buffer was sampled by older weights, and its reference is the learner's recompute
+    of this iteration, so it has no parity with a sampler to report."""
     traj = Trajectory(task.id, task.scenario_id, task.difficulty, sample_index)
     traj.append(candidate.prompt, output=False)
     traj.prompt_length = start = len(traj.tokens)
     generation = candidate.generation
-    traj.append(list(generation.token_ids), output=True, logprobs=generation.logprobs)
+    traj.append(list(generation.token_ids), output=True)  # no sampler log-probs: see below
     text = generation.text
     if text is None:
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
@@ -227,29 +234,52 @@ class PairBuffer:
         return self.rng.sample(self.pairs, min(count, len(self.pairs)))
 
 
-async def search_round(
+class SearchParts(Protocol):
+    """What a search runs on (loop.parts.TrainParts)."""
+
+    suite: TaskSuite
+    pool: SandboxPool
+    generator: Generator
+    tokenizer: Tokenizer
+
+
+async def search_pairs(
+    parts: SearchParts,
     tasks: Sequence[Task],
+    iteration: int,
+    config: RunConfig,
+    max_turns: int,
     buffer: PairBuffer,
-    *,
-    pairs_per_iteration: int,
-    seeds: Sequence[int],
-    **common: Any,
-) -> tuple[list[list[Trajectory]], dict[str, float]]:
-    """One iteration's collection: a search per task (concurrently), their pairs added to
-    `buffer`, and the pairs drawn to train on as two-rollout groups; with the metrics
-    `search/*`."""
-    results = await asyncio.gather(
-        *(search_task(task, seed=seed, **common) for task, seed in zip(tasks, seeds, strict=True))
+    score: Callable[[Trajectory], float],
+) -> tuple[list[list[Trajectory]], int, dict[str, float]]:
+    """One iteration's collection under DPO-MCTS: a search per task (concurrently, each of
+    `train.preference.search_iterations`), their pairs added to `buffer`, and
+    `pairs_per_iteration` of the buffer's pairs as two-rollout groups; with 0 discarded and the
+    metrics `search/*` (`return_mean`: the mean return of the searches' rollouts)."""
+    preference = config.train.preference
+    settings = SearchSettings(
+        preference.search_iterations, CANDIDATES, UCB_C, margin=preference.margin
     )
+    agent = dataclasses.replace(config.agent, max_turns=max_turns)
+    example = prompt_example(parts.suite, config.agent.worked_example)
+    searches = [
+        search_task(
+            task, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+            tokenizer=parts.tokenizer, agent=agent, example=example, search=settings,
+            score=score, seed=rollout_seed(config.seed, iteration, g, 0),
+        )
+        for g, task in enumerate(tasks)
+    ]  # fmt: skip
+    results = await asyncio.gather(*searches)
     for result in results:
         buffer.add(result.pairs)
     rollouts = [t for r in results for t in r.rollouts if t.reward is not None]
     metrics = {
-        "search/return_mean": sum(t.reward or 0.0 for t in rollouts) / max(len(rollouts), 1),
+        "search/return_mean": sum(score(t) for t in rollouts) / max(len(rollouts), 1),
         "search/rollouts": float(sum(len(r.rollouts) for r in results)),
         "search/new_pairs": float(sum(len(r.pairs) for r in results)),
         "search/buffer_pairs": float(len(buffer.pairs)),
         "search/replay_mismatches": float(sum(r.replay_mismatches for r in results)),
         "search/failures": float(sum(r.failures for r in results)),
     }
-    return buffer.draw(pairs_per_iteration), metrics
+    return buffer.draw(preference.pairs_per_iteration), 0, metrics

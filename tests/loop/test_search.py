@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loop.algo.mcts import Tree, backup, select, sibling_pairs, ucb
-from loop.config import AgentConfig
+from loop.checks import check_run
+from loop.config import AgentConfig, ConfigError, load_config
 from loop.generators.scripted import ScriptedGenerator
 from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import worked_example
@@ -24,8 +26,11 @@ from loop.rollout.trajectory import Trajectory
 from tests.loop.synthetic import (
     MultiTurnWordSuite,
     NoSandboxPool,
+    run_synthetic,
     synthetic_policy,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def toy_tree() -> Tree:
@@ -184,3 +189,80 @@ def test_a_search_backs_up_every_rollout_and_pairs_siblings() -> None:
         start = chosen.turns[0].output_start
         assert chosen.tokens[:start] == rejected.tokens[:start]
         assert not any(chosen.is_output[:start]) and all(chosen.is_output[start:])
+
+
+# -- DPO-MCTS learns on the word task -------------------------------------------------------
+
+DPO_MCTS = [
+    "train.advantage=preference", "train.loss=dpo", "train.strictly_on_policy=true",
+    "train.epochs=1", "train.preference.beta=1.0", "train.preference.search_iterations=4",
+    "train.tasks_per_iteration=4",
+]  # fmt: skip
+SEEDS = (0, 1)
+
+
+def search_returns(tmp_path: Path) -> tuple[float, float, list[list[float]]]:
+    """The mean over SEEDS of iteration 0's search return and of the last two iterations'."""
+    curves = [
+        [
+            r["search/return_mean"]
+            for r in run_synthetic(tmp_path / f"{s}", 6, *DPO_MCTS, f"seed={s}")
+        ]
+        for s in SEEDS
+    ]
+    start = sum(c[0] for c in curves) / len(curves)
+    return start, sum(sum(c[-2:]) / 2 for c in curves) / len(curves), curves
+
+
+def test_dpo_mcts_raises_the_return_of_its_searches(tmp_path: Path) -> None:
+    """The searches' rollouts are the policy's samples: their mean return must rise."""
+    start, end, curves = search_returns(tmp_path)
+    assert end > start + 0.1, curves
+
+
+def test_dpo_mcts_with_the_preferences_flipped_does_not_raise_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loop.algo import credit
+
+    original = credit.preference_signs
+
+    def flipped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        return out._replace(signs=-out.signs)
+
+    monkeypatch.setattr(credit, "preference_signs", flipped)
+    start, end, curves = search_returns(tmp_path)
+    assert end < start, curves
+
+
+def test_the_shipped_config_is_the_papers_dpo_mcts() -> None:
+    config = load_config(ROOT / "configs/table1/dpo-mcts.yaml")
+    preference = config.train.preference
+    assert (config.train.advantage, config.train.loss) == ("preference", "dpo")
+    assert preference.search_iterations == 30 and config.train.strictly_on_policy
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["suite=appworld"], "DPO-MCTS restores states by replay, which suite appworld cannot"),
+        (["train.off_policy.old_logprobs=sampler", "generator.backend=hf", "model.dtype=float32"],
+         "train.off_policy.old_logprobs: DPO-MCTS needs recompute"),
+    ],
+)  # fmt: skip
+def test_dpo_mcts_refuses_what_cannot_restore_or_reference(
+    overrides: list[str], message: str
+) -> None:
+    config = load_config(ROOT / "configs/table1/dpo-mcts.yaml", overrides)
+    with pytest.raises(ConfigError, match=message) as caught:
+        check_run(config, world_size=1)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "override", ["train.preference.search_iterations=-1", "train.preference.buffer_size=0"]
+)
+def test_bad_search_settings_are_one_line_errors(override: str) -> None:
+    with pytest.raises(ConfigError, match=r"^train\.preference"):
+        load_config(ROOT / "configs/table1/dpo-mcts.yaml", [override])
