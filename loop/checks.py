@@ -216,6 +216,8 @@ def check_run(config: RunConfig, world_size: int, local_world_size: int | None =
         )
     if config.train.preference.search_iterations and not suite.replays_exactly:
         raise ConfigError(f"DPO-MCTS restores states by replay, which suite {config.suite} cannot")
+    if config.train.preference.search_iterations and config.train.reward == "success":
+        raise ConfigError("DPO-MCTS's pairs carry Q values: train.reward fraction or acted")
     if config.train.reward == "acted" and not suite.marks_collateral:
         raise ConfigError(
             f"train.reward acted needs a suite that marks its collateral test and whether the "

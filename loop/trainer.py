@@ -74,6 +74,13 @@ its reference code (apple/ml-loop, [C]):
 - Checkpoints (our addition to [C], which saves no optimizer state): adapter, optimizer,
   schedule, sampler and RNG state, so a killed run resumes where its last iteration ended.
 
+The preference rows of [P] Table 1 (App. C) reuse the iteration too: `advantage: preference`
+pairs rollouts 2j, 2j+1 of a task by their returns (+1 / -1), and `loss: dpo` trains them with
+DMPO's loss, the iteration's start (the recomputed old log-probs) as the reference, in one
+on-policy step (loop/algo/preference.py; DMPO, configs/table1/dmpo.yaml). With
+`preference.search_iterations` > 0 (DPO-MCTS) a tree search per task replaces the K rollouts
+and its sibling pairs go to a replay buffer the steps draw from (loop/rollout/search.py).
+
 The learned-critic methods relative to their sources: the LOOP paper's "PPO (learned critic)"
 row ([P] App. C: a 3-layer MLP head off the LoRA weights, gamma = lambda = 1, an L2 value loss
 with its coefficient decayed 0.1 -> 0.001 over 200 iterations after a 10-iteration warm-up,
@@ -353,7 +360,7 @@ def collect_ahead(
 
     async def collect(iteration: int, tasks: list[Task]) -> Collected:
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit then
-        if cfg.preference.search_iterations:  # DPO-MCTS: pairs from tree searches, no K rollouts
+        if cfg.preference.search_iterations and distributed.is_main():  # DPO-MCTS: tree searches
             score = functools.partial(rollout_reward, kind=cfg.reward)
             return await search_pairs(parts, tasks, iteration, config, max_turns, buffer, score)
         return await roll_out(config, parts, tasks, iteration, max_turns, show_progress, pin)

@@ -14,8 +14,9 @@ order, against a fresh reset of the task: the state after the path, given a worl
 same code from the same start gives the same state. Only a suite that says so
 (`TaskSuite.replays_exactly`: the built-in world) may be searched (loop/checks.py); each replay
 is still checked, token for token: the prompt the replay reaches before each recorded turn
-must be the one it was sampled from (the observations are in it), else the iteration is
-counted in `search/replay_mismatches` and skipped.
+must be the one it was sampled from (the observations are in it), and its start fingerprint
+the search's first rollout's, else the iteration is counted in `search/replay_mismatches` and
+skipped.
 
 Pairs: the siblings whose Q gap exceeds `train.preference.margin` (`sibling_pairs`) become two
 one-turn `Trajectory`s each: the node's prompt (never trained) and the candidate's sampled ids
@@ -148,6 +149,7 @@ async def search_task(
     result = SearchResult(Tree())
     tree = result.tree
     ended_with: dict[int, float] = {}  # a terminal node -> the return its episode ended with
+    start: str | None = None
     for iteration in range(search.iterations):
         leaf = select(tree, search.ucb_c)
         if tree.nodes[leaf].terminal:
@@ -170,7 +172,10 @@ async def search_task(
         if traj.infra_failure or traj.reward is None:
             result.failures += 1
             continue
-        if any(c.prompt != call[0] for c, call in zip(path, replay.calls, strict=False)):
+        start = start or traj.start_fingerprint  # the first scored rollout's
+        if traj.start_fingerprint != start or any(
+            c.prompt != call[0] for c, call in zip(path, replay.calls, strict=False)
+        ):
             result.replay_mismatches += 1  # the world did not replay exactly: no back-up
             continue
         value, depth = score(traj), len(path)
@@ -262,15 +267,17 @@ async def search_pairs(
     )
     agent = dataclasses.replace(config.agent, max_turns=max_turns)
     example = prompt_example(parts.suite, config.agent.worked_example)
-    searches = [
-        search_task(
-            task, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-            tokenizer=parts.tokenizer, agent=agent, example=example, search=settings,
-            score=score, seed=rollout_seed(config.seed, iteration, g, 0),
-        )
-        for g, task in enumerate(tasks)
-    ]  # fmt: skip
-    results = await asyncio.gather(*searches)
+    slots = asyncio.Semaphore(config.train.max_concurrent_rollouts)  # a search: one at a time
+
+    async def search(g: int, task: Task) -> SearchResult:
+        async with slots:
+            return await search_task(
+                task, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                tokenizer=parts.tokenizer, agent=agent, example=example, search=settings,
+                score=score, seed=rollout_seed(config.seed, iteration, g, 0),
+            )  # fmt: skip
+
+    results = await asyncio.gather(*(search(g, task) for g, task in enumerate(tasks)))
     for result in results:
         buffer.add(result.pairs)
     rollouts = [t for r in results for t in r.rollouts if t.reward is not None]

@@ -24,6 +24,7 @@ from loop.rollout.prompt import worked_example
 from loop.rollout.search import PairBuffer, ReplayGenerator, SearchSettings, search_task
 from loop.rollout.trajectory import Trajectory
 from tests.loop.synthetic import (
+    MultiTurnWordEnv,
     MultiTurnWordSuite,
     NoSandboxPool,
     run_synthetic,
@@ -191,6 +192,41 @@ def test_a_search_backs_up_every_rollout_and_pairs_siblings() -> None:
         assert not any(chosen.is_output[:start]) and all(chosen.is_output[start:])
 
 
+class DriftingEnv(MultiTurnWordEnv):
+    """Its observations carry a count of the environments made (as a word of the tokenizer's
+    vocabulary, so the prompt's ids show it): no two episodes agree."""
+
+    made = 0
+
+    def step(self, code: str) -> str:
+        return f"{super().step(code)} w{100 + DriftingEnv.made % 50}"
+
+
+class DriftingSuite(MultiTurnWordSuite):
+    def make_env(self, task: Any, sandbox: Any) -> DriftingEnv:
+        DriftingEnv.made += 1
+        return DriftingEnv(task, turns=self.turns)
+
+
+def test_a_world_that_does_not_replay_exactly_is_caught_and_not_backed_up() -> None:
+    suite, policy = DriftingSuite(turns=3), synthetic_policy()
+    from loop.generators.hf.generator import HFGenerator
+
+    settings = SearchSettings(iterations=10, candidates=2, ucb_c=1.0, margin=0.0)
+    result = asyncio.run(
+        search_task(
+            suite.tasks("train")[0], suite=suite, pool=NoSandboxPool(),
+            generator=HFGenerator(policy), tokenizer=policy.tokenizer,
+            agent=AgentConfig(max_turns=3, max_new_tokens=4, max_context_tokens=400),
+            example=[], search=settings, score=lambda t: float(t.reward or 0.0), seed=0,
+        )
+    )  # fmt: skip
+    # a path of two turns or more replays an observation (in its second turn's prompt) that
+    # differs from the one recorded: caught, and nothing backed up for it
+    assert result.replay_mismatches > 0 and result.failures == 0
+    assert result.tree.nodes[0].visits == 10 - result.replay_mismatches
+
+
 # -- DPO-MCTS learns on the word task -------------------------------------------------------
 
 DPO_MCTS = [
@@ -249,6 +285,7 @@ def test_the_shipped_config_is_the_papers_dpo_mcts() -> None:
         (["suite=appworld"], "DPO-MCTS restores states by replay, which suite appworld cannot"),
         (["train.off_policy.old_logprobs=sampler", "generator.backend=hf", "model.dtype=float32"],
          "train.off_policy.old_logprobs: DPO-MCTS needs recompute"),
+        (["train.reward=success"], "DPO-MCTS's pairs carry Q values"),
     ],
 )  # fmt: skip
 def test_dpo_mcts_refuses_what_cannot_restore_or_reference(
