@@ -77,6 +77,21 @@ def test_pair_loss_by_hand() -> None:
     assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.2)))
 
 
+def test_with_one_turn_per_sequence_it_is_dpo_by_hand() -> None:
+    """DPO-MCTS's pairs: one candidate turn each after a shared prompt. phi(0, 1) = 1 for any
+    gamma, so L = -log sigmoid(beta ((log pi_w - log ref_w) - (log pi_l - log ref_l)))."""
+    mask = torch.tensor([[False, True, True], [False, True, True]])
+    turn_ids = torch.tensor([[-1, 0, 0], [-1, 0, 0]])
+    ref = torch.tensor([[math.nan, -1.0, -1.0], [math.nan, -2.0, -0.5]], dtype=torch.float64)
+    logprobs = torch.tensor([[-5.0, -0.7, -1.1], [-5.0, -2.1, -0.6]], dtype=torch.float64)
+    # chosen: 0.3 - 0.1 = 0.2; rejected: -0.1 - 0.1 = -0.2; beta 2: -log sigmoid(0.8)
+    for gamma in (0.5, 1.0):
+        scores = dmpo_scores(logprobs, ref, mask, turn_ids, gamma=gamma)
+        assert scores.tolist() == pytest.approx([0.2, -0.2])
+        loss = dpo_pair_loss(scores[:1], scores[1:], beta=2.0)
+        assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.8)))
+
+
 def test_the_per_sequence_form_has_the_pair_losss_value_and_gradient() -> None:
     torch.manual_seed(0)
     mask = torch.tensor([[True, True, False, True, True], [True, False, True, True, False]])
