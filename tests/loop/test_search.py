@@ -1,7 +1,7 @@
 """DPO-MCTS: the tree's UCB and back-up on a toy tree by hand, its pairs, the restore of a
 turn's state by replay on the built-in world, and one search on the word task.
 
-    python -m pytest tests/loop/test_search.py -q        (about 20 s on 2 cores; the app-world
+    python -m pytest tests/loop/test_search.py -q        (about 40 s on 2 cores; the app-world
                                                           test needs the sandbox's kernels)
 """
 
