@@ -24,7 +24,7 @@ from loop.algo.preference import (
     preference_signs,
 )
 from loop.config import ConfigError, load_config
-from tests.loop.synthetic import run_synthetic
+from tests.loop.synthetic import MultiTurnWordSuite, run_synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,6 +180,18 @@ def test_dmpo_raises_the_reward(tmp_path: Path) -> None:
     curve = [r["rollout/reward_mean"] for r in records]
     assert sum(curve[-2:]) / 2 > curve[0] + 0.15, curve
     assert all(r["loss/policy"] == pytest.approx(math.log(2) / 2, abs=1e-3) for r in records)
+
+
+def test_dmpo_trains_on_multi_turn_episodes(tmp_path: Path) -> None:
+    """Three turns per episode: the turn weights phi(t, 3) in the learner's loss; the one step
+    of each iteration at the reference (loss log 2 / 2 per rollout)."""
+    records = run_synthetic(
+        tmp_path, 2, *DMPO, "agent.max_turns=3", "train.preference.gamma=0.5",
+        suite=MultiTurnWordSuite(turns=3),
+    )  # fmt: skip
+    assert len(records) == 2
+    assert all(r["loss/policy"] == pytest.approx(math.log(2) / 2, abs=1e-3) for r in records)
+    assert all(r["loss/grad_norm"] > 0 for r in records)
 
 
 def test_dmpo_with_the_preferences_flipped_does_not_raise_the_reward(
