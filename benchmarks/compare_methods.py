@@ -1,4 +1,4 @@
-"""The LOOP paper's Table 1 RL rows and Verlog on the same tasks and seeds: one table.
+"""The LOOP paper's Table 1 RL and preference rows and Verlog on the same tasks and seeds.
 
     python benchmarks/compare_methods.py                       # quickstart scale (the app world)
     python benchmarks/compare_methods.py --synthetic           # the trainer tests' word task
@@ -21,7 +21,9 @@ Scales:
   seconds per row.
 
 Printed per row: the mean rollout reward of the first and the last iteration and the success
-rate of the last, averaged over the seeds, and the wall time.
+rate of the last, averaged over the seeds, and the wall time. DPO-MCTS trains on pairs from its
+tree searches, not on K rollouts: its reward is the mean return of its searches' rollouts
+(`search/return_mean`, the policy's samples), and its success rate is not recorded.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ ROWS = {
     "grpo": "configs/table1/grpo.yaml",
     "grpo-no-kl": "configs/table1/grpo-no-kl.yaml",
     "ppo-critic": "configs/table1/ppo-critic.yaml",
+    "dmpo": "configs/table1/dmpo.yaml",
+    "dpo-mcts": "configs/table1/dpo-mcts.yaml",
     "verlog": "configs/verlog.yaml",
 }
 # Keys that set the scale of a run, not its algorithm: taken from the scale, never from a row.
@@ -135,6 +139,11 @@ def run_synthetic(row: str, seed: int, iterations: int | None, out: Path) -> lis
     return _records(out / name)
 
 
+def reward(record: dict) -> float:
+    """The iteration's mean reward of the policy's samples (DPO-MCTS: its searches')."""
+    return record.get("search/return_mean", record["rollout/reward_mean"])
+
+
 def _records(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if "rollout/reward_mean" in r]
@@ -159,9 +168,14 @@ def main() -> int:
         for row in args.rows:
             started = time.monotonic()
             runs = [run(row, seed, args.iterations, out) for seed in args.seeds]
-            first = statistics.mean(r[0]["rollout/reward_mean"] for r in runs)
-            last = statistics.mean(r[-1]["rollout/reward_mean"] for r in runs)
-            success = statistics.mean(r[-1].get("rollout/success_rate", math.nan) for r in runs)
+            first = statistics.mean(reward(r[0]) for r in runs)
+            last = statistics.mean(reward(r[-1]) for r in runs)
+            success = statistics.mean(
+                math.nan
+                if "search/return_mean" in r[-1]
+                else r[-1].get("rollout/success_rate", math.nan)
+                for r in runs
+            )
             keys = " ".join(row_overrides(row)) or "(the defaults)"
             lines.append(f"| {row} | `{keys}` | {first:.3f} | {last:.3f} | {success:.3f} | "
                          f"{time.monotonic() - started:.0f} s |")  # fmt: skip

@@ -43,20 +43,12 @@ class Backend:
 
 
 # Every `generator.backend` a config may name (the choices of `GeneratorConfig.backend`).
-BACKENDS: dict[str, Backend] = {
-    b.name: b
-    for b in (
-        Backend("hf", trains=True, shares_weights=True),
-        Backend(
-            "vllm_server",
-            trains=True,
-            several_learners=True,
-            keeps_versions=True,
-            runs_servers=True,
-        ),
-        Backend("openai", needs_endpoint=True),
-    )
-}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("hf", trains=True, shares_weights=True),
+    Backend("vllm_server", trains=True, several_learners=True, keeps_versions=True,
+            runs_servers=True),
+    Backend("openai", needs_endpoint=True),
+)}  # fmt: skip
 
 
 def backend(config: RunConfig) -> Backend:
@@ -222,6 +214,10 @@ def check_run(config: RunConfig, world_size: int, local_world_size: int | None =
             f"warm_start.source gold needs a suite with gold solutions; suite {config.suite} "
             "has none (use warm_start.source rollouts)"
         )
+    if config.train.preference.search_iterations and not suite.replays_exactly:
+        raise ConfigError(f"DPO-MCTS restores states by replay, which suite {config.suite} cannot")
+    if config.train.preference.search_iterations and config.train.reward == "success":
+        raise ConfigError("DPO-MCTS's pairs carry Q values: train.reward fraction or acted")
     if config.train.reward == "acted" and not suite.marks_collateral:
         raise ConfigError(
             f"train.reward acted needs a suite that marks its collateral test and whether the "
@@ -308,6 +304,8 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
         "train.horizon.every": train.horizon.every,
         "train.checkpoint_every": train.checkpoint_every,
         "train.keep_checkpoints": train.keep_checkpoints,
+        "train.preference.buffer_size": train.preference.buffer_size,
+        "train.preference.pairs_per_iteration": train.preference.pairs_per_iteration,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -342,6 +340,12 @@ def _check_train(train: TrainConfig, *, warm_start: bool = False) -> None:
             f"train.no_signal_draw_prob: must be in (0, 1], got {train.no_signal_draw_prob}"
         )
     _check_correction(train)
+    p = train.preference
+    if not (p.beta > 0 and 0 < p.gamma <= 1 and p.margin >= 0 and p.search_iterations >= 0):
+        raise ConfigError(f"train.preference: beta > 0, gamma in (0, 1], margin >= 0, got {p}")
+    dpo = train.loss == "dpo"  # one step at the reference (loop/learner/objective.py)
+    if dpo != (train.advantage == "preference") or (dpo and not train.strictly_on_policy):
+        raise ConfigError("train.advantage preference goes with loss dpo and strictly_on_policy")
     if train.loss == "cross_entropy" and train.advantage != "filter":
         raise ConfigError(
             "train.loss cross_entropy trains on the rollouts that advantage filter keeps: "
@@ -368,8 +372,7 @@ def _check_correction(train: TrainConfig) -> None:
 
 
 def _check_old_logprobs(config: RunConfig) -> None:
-    """train.off_policy.old_logprobs sampler: only where the sampler's log-probs are the
-    learner's."""
+    """train.off_policy.old_logprobs sampler: where the sampler's log-probs are the learner's."""
     train = config.train
     if train.off_policy.old_logprobs != "sampler":
         return
@@ -380,6 +383,8 @@ def _check_old_logprobs(config: RunConfig) -> None:
             f"learner's: it needs generator.backend {fit} and model.dtype float32 (the learner's "
             f"own weights and numbers), got {config.generator.backend}, {config.model.dtype}"
         )
+    if train.preference.search_iterations:  # the buffer's pairs were sampled by older weights
+        raise ConfigError("train.off_policy.old_logprobs: DPO-MCTS needs recompute (older pairs)")
     if train.advantage in CRITIC_ADVANTAGES or train.kl.coef > 0:
         raise ConfigError(
             "train.off_policy.old_logprobs sampler skips the recompute pass, which also records "

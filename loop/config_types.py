@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+Advantage = Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog", "preference"]
+
 
 class ConfigError(ValueError):
     """A configuration problem, stated in one line that names the key."""
@@ -155,9 +157,7 @@ class AgentConfig:
         "timeout attribution: emitted tokens cost the agent the backend's measured time per "
         "token plus this many standard errors (loop/rollout/attribution.py)",
     )
-    worked_example: bool = doc(
-        True, "show the suite's worked example in the prompt (the paper does)"
-    )
+    worked_example: bool = doc(True, "show the suite's worked example in the prompt ([P] does)")
     memory_turns: int | None = doc(None, "Verlog's memory: context + the last n turns (None: all)")
 
 
@@ -174,9 +174,8 @@ class EvalConfig:
     max_turns: int | None = doc(None, "the turn limit in evaluation (None: agent.max_turns)")
     sampled_rollouts_per_task: int = doc(
         0,
-        "also sample K rollouts per task at sampled_temperature in the same pass, written as "
-        "split '<split>@T<t>' (metrics eval/sampled/*): greedy success can rise while sampled "
-        "success does not (0: off)",
+        "also sample K rollouts per task at sampled_temperature in the same pass, written as split"
+        " '<split>@T<t>' (eval/sampled/*): greedy success can rise while sampled does not (0: off)",
     )
     sampled_temperature: float = doc(1.0, "the sampled pass's temperature (training's: 1)")
 
@@ -272,6 +271,20 @@ class HorizonConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """train.preference: the preference baselines of [P] App. C (loop/algo/preference.py)."""
+
+    beta: float = doc(0.1, "beta of the DPO / DMPO loss (DPO's usual 0.1; [P] gives none)")
+    gamma: float = doc(0.9, "DMPO's discount in its turn weights phi(t, T) (1: (T - t) / T)")
+    margin: float = doc(0.0, "a pair needs returns (or Q values) more than this apart ([P])")
+    search_iterations: int = doc(
+        0, "> 0: DPO-MCTS, a tree search of this many iterations per task (no K rollouts; [P]: 30)"
+    )
+    buffer_size: int = doc(1024, "DPO-MCTS: pairs kept in its persistent replay buffer")
+    pairs_per_iteration: int = doc(64, "DPO-MCTS: pairs drawn from the buffer per iteration")
+
+
+@dataclass
 class TrainConfig:
     """train.py: the LOOP iteration (loop_spec.md sections 2 and 3; paper values as defaults),
     its variants, the run's bookkeeping, and the extensions in named sections."""
@@ -280,17 +293,19 @@ class TrainConfig:
     iterations: int = doc(200, "RL iterations (each: collect, learn, sync)")
     tasks_per_iteration: int = doc(40, "N: tasks drawn per iteration (without replacement)")
     rollouts_per_task: int = doc(6, "K: i.i.d. rollouts of each task")
-    advantage: Literal["loo", "grpo", "turn", "reinforce", "filter", "gae", "verlog"] = doc(
+    advantage: Advantage = doc(
         "loo",
         "loo | grpo | turn (MT-GRPO) | reinforce | filter (A = 1 where the return reaches "
         "return_threshold, else 0: expert iteration, with loss cross_entropy) | gae (per-token "
         "GAE from a value head: the paper's PPO with a learned critic) | verlog (dual-discount "
-        "GAE)",
+        "GAE) | preference (rollouts 2j, 2j+1 whose returns differ by more than "
+        "preference.margin: A = +1 / -1, DMPO, with loss dpo)",
     )
     adv_threshold: float = doc(0.01, "drop rollouts with |A| below this before learning")
-    loss: Literal["ppo", "reinforce", "cross_entropy"] = doc(
+    loss: Literal["ppo", "reinforce", "cross_entropy", "dpo"] = doc(
         "ppo",
-        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)",
+        "clipped surrogate | REINFORCE without clipping | cross-entropy on the kept rollouts (EI)"
+        " | dpo (the DMPO loss of preference pairs, the iteration's start as the reference)",
     )
     clip_eps: float = doc(0.1, "PPO epsilon")
     epochs: int = doc(2, "passes over the kept rollouts per iteration")
@@ -301,21 +316,15 @@ class TrainConfig:
     split: str = doc("train", "the suite split tasks are drawn from")
     max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty (paper: 2)")
     max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
-    rollouts_fraction: float = doc(
-        0.9, "straggler cut-off: stop once this share of rollouts is done"
-    )
+    rollouts_fraction: float = doc(0.9, "straggler cut-off: stop once this share is done")
     min_rollouts_per_task: int = doc(4, "... and every task has at least this many")
     reward: Literal["fraction", "success", "acted"] = doc(
         "fraction",
         "fraction of tests passed | all passed | acted: the collateral test counts only once "
         "the agent changed the state or passed another test (loop/algo/credit.py)",
     )
-    ratio_level: Literal["token", "turn", "trajectory"] = doc(
-        "token", "importance-weight granularity"
-    )
-    clip_lower: Literal["reciprocal", "symmetric"] = doc(
-        "reciprocal", "[1/(1+eps), 1+eps] or 1-eps"
-    )
+    ratio_level: Literal["token", "turn", "trajectory"] = doc("token", "importance-weight level")
+    clip_lower: Literal["reciprocal", "symmetric"] = doc("reciprocal", "[1/(1+eps), 1+eps], 1-eps")
     micro_batch_size: int = doc(1, "rollouts per forward pass (gradient accumulation in between)")
     weight_decay: float = doc(0.01, "AdamW weight decay")
 
@@ -325,31 +334,23 @@ class TrainConfig:
     turn_coef: float = doc(1.0, "advantage turn: weight of the turn-level advantage (MT-GRPO)")
     strictly_on_policy: bool = doc(False, "one epoch, one minibatch of everything (RLOO / GRPO)")
     no_signal_draw_prob: float = doc(
-        1.0,
-        "A task whose last group carried no signal (every rollout the same reward: all solved "
-        "or all failed) is drawn with this probability when its turn comes (1.0: always, the "
-        "paper).",
+        1.0, "a task whose last group had no signal (one reward for all) is drawn with this chance"
     )
     stratify: Literal["scenario"] | None = doc(
-        None,
-        "scenario: each iteration's tasks spread evenly over the scenarios (None: the paper's "
-        "uniform draws)",
+        None, "scenario: each iteration's tasks spread evenly over the scenarios (None: uniform)"
     )
 
     # The run: memory, guards, checkpoints, logs.
     shared_prefix_min: int = doc(
         64,
-        "the tokens every rollout of a step starts with (the system prompt) run through the "
-        "model once for the step, when at least this many (0: every sequence whole); the same "
-        "gradients, fewer tokens. Not with gradient checkpointing, several learner processes "
-        "or a critic (loop/learner/prefix.py)",
+        "the tokens every rollout of a step starts with (the system prompt) run through the model"
+        " once for the step, when at least this many (0: every sequence whole); the same gradients,"
+        " fewer tokens. Not with gradient checkpointing, several learners or a critic (prefix.py)",
     )
     max_nan_steps: int = doc(20, "abort the run after this many skipped non-finite steps")
     max_seq_len: int = doc(32_000, "longer rollouts are truncated for learning (and counted)")
     logprob_chunk_size: int = doc(1024, "positions per LM-head chunk in the log-prob computation")
-    max_infra_failure_share: float | None = doc(
-        0.5, "abort if more of an iteration's rollouts fail"
-    )
+    max_infra_failure_share: float | None = doc(0.5, "abort if more of an iteration's fail")
     stress_test: bool = doc(True, "forward+backward of a max_seq_len rollout before iteration 0")
     eval_every: int = doc(5, "evaluate on eval.split before every n-th iteration (0: never)")
     checkpoint_every: int = doc(1, "save every n iterations (and after the last)")
@@ -361,15 +362,13 @@ class TrainConfig:
     deterministic: bool = doc(False, "torch deterministic algorithms (reproducible on CPU)")
     collective_timeout_s: float = doc(
         3600.0,
-        "several learner processes: a collective of the learners (an all-reduce, a "
-        "checkpoint gather) that waits longer fails the run ([C]: init_process_group's 3,600 "
-        "s; torch's own default is 600 s for nccl)",
+        "several learner processes: a collective of the learners (an all-reduce, a checkpoint"
+        " gather) that waits longer fails the run ([C]: init_process_group's 3,600 s; torch: 600)",
     )
     rollout_wait_timeout_s: float = doc(
         6 * 3600.0,
-        "several learner processes: how long ranks 1.. wait for rank 0 to evaluate and "
-        "collect an iteration's rollouts (a separate gloo group, so this long wait does not "
-        "loosen collective_timeout_s)",
+        "several learner processes: how long ranks 1.. wait for rank 0 to evaluate and collect an"
+        " iteration's rollouts (a separate gloo group: this wait does not loosen the one above)",
     )
 
     # The extensions, each off by default (the paper).
@@ -380,6 +379,7 @@ class TrainConfig:
     replay: ReplayConfig = doc_factory(ReplayConfig, "the warm start's demonstrations replayed")
     overlap: OverlapConfig = doc_factory(OverlapConfig, "collecting ahead while learning")
     horizon: HorizonConfig = doc_factory(HorizonConfig, "a turn limit that grows (ScalingInter-RL)")
+    preference: PreferenceConfig = doc_factory(PreferenceConfig, "DMPO's and DPO-MCTS's settings")
 
 
 @dataclass

@@ -305,6 +305,7 @@ class _PaperObservations:
         self.name = suite.name
         self.uses_sandbox = suite.uses_sandbox
         self.marks_collateral = suite.marks_collateral
+        self.replays_exactly = suite.replays_exactly
 
     @property
     def splits(self) -> dict[str, list[Task]]:

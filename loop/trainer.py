@@ -74,6 +74,13 @@ its reference code (apple/ml-loop, [C]):
 - Checkpoints (our addition to [C], which saves no optimizer state): adapter, optimizer,
   schedule, sampler and RNG state, so a killed run resumes where its last iteration ended.
 
+The preference rows of [P] Table 1 (App. C) reuse the iteration too: `advantage: preference`
+pairs rollouts 2j, 2j+1 of a task by their returns (+1 / -1), and `loss: dpo` trains them with
+DMPO's loss, the iteration's start (the recomputed old log-probs) as the reference, in one
+on-policy step (loop/algo/preference.py; DMPO, configs/table1/dmpo.yaml). With
+`preference.search_iterations` > 0 (DPO-MCTS) a tree search per task replaces the K rollouts
+and its sibling pairs go to a replay buffer the steps draw from (loop/rollout/search.py).
+
 The learned-critic methods relative to their sources: the LOOP paper's "PPO (learned critic)"
 row ([P] App. C: a 3-layer MLP head off the LoRA weights, gamma = lambda = 1, an L2 value loss
 with its coefficient decayed 0.1 -> 0.001 over 200 iterations after a 10-iteration warm-up,
@@ -109,7 +116,7 @@ import torch
 
 from loop.algo.advantages import round_to_world_size
 from loop.algo.credit import Credit, assign_credit, rollout_reward
-from loop.config import ConfigError, RunConfig, TrainConfig
+from loop.config import RunConfig, TrainConfig
 from loop.evaluation import run_evaluations
 from loop.generators import sync
 from loop.learner.batch import Sample, learner_logprobs, make_samples
@@ -121,11 +128,12 @@ from loop.learner.update import keep_start, update_policy
 from loop.model import checkpoint, distributed
 from loop.model.policy import Policy
 from loop.parts import TrainParts
-from loop.rollout.ahead import AheadCollector
+from loop.rollout.ahead import AheadCollector, Collected
 from loop.rollout.collect import VersionPin, by_group, collect_rollouts, iteration_jobs
 from loop.rollout.prompt import prompt_example
+from loop.rollout.search import PairBuffer, search_pairs
 from loop.rollout.staleness import assemble, staleness_metrics
-from loop.rollout.task_sampler import TaskSampler, group_signal
+from loop.rollout.task_sampler import TaskSampler, group_signal, training_tasks
 from loop.rollout.trajectory import Trajectory
 from loop.run.metrics import infra_failure_problem, iteration_metrics, throughput
 from loop.run.report import learning_report
@@ -133,7 +141,7 @@ from loop.run.rundir import RunDir, write_config
 from loop.run.runlog import RunLog, summary_line, write_rollouts
 from loop.seeds import shuffle_seed
 from loop.warmstart import demo_sample, demonstrations, load_init_adapter, warm_start
-from tasks import Task, TaskSuite
+from tasks import Task
 
 PUBLISHED_KEPT = 2  # adapter_sync/: the version the generator serves and the one before it
 
@@ -183,7 +191,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         before = parts.generator.stats()
         collection = await ahead.take(iteration, draw)
         metrics |= {"time/rollout_s": collection.rollout_s,
-                    "time/wait_rollouts_s": collection.wait_s}  # fmt: skip
+                    "time/wait_rollouts_s": collection.wait_s} | collection.metrics  # fmt: skip
         metrics |= parts.generator.stats().work_since(before, "gen/")  # the hf engine's work
         # 3. Groups older than S versions are dropped (counted); advantages over each task's
         #    group; drop rollouts with |A| below the threshold.
@@ -193,7 +201,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         credit = assign_credit(
             groups, method=cfg.advantage, reward=cfg.reward, threshold=cfg.adv_threshold,
             normalize=cfg.normalize_advantage, turn_coef=cfg.turn_coef,
-            return_threshold=cfg.return_threshold,
+            return_threshold=cfg.return_threshold, margin=cfg.preference.margin,
         )  # fmt: skip
         samples, kept = select_samples(groups, credit, cfg.max_seq_len, iteration, config.seed)
         metrics |= iteration_metrics(groups, credit, discarded, samples, kept)
@@ -296,19 +304,6 @@ def record_signals(
     return {k: float(v) for k, v in sampler.take_skip_counts().items()}
 
 
-def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
-    """The split's tasks, up to `max_difficulty`."""
-    tasks = [
-        t
-        for t in suite.tasks(cfg.split)
-        if cfg.max_difficulty is None or t.difficulty <= cfg.max_difficulty
-    ]
-    if not tasks:
-        raise ConfigError(f"train.split {cfg.split!r} has no task of difficulty <= "
-                          f"{cfg.max_difficulty}")  # fmt: skip
-    return tasks
-
-
 def build_learner(config: RunConfig, policy: Policy, run: RunDir | None = None) -> Learner:
     """The learner with the run's optimisation settings (`run`: where the KL's starting
     reference is kept, with `train.kl.reference: start`)."""
@@ -361,8 +356,13 @@ def collect_ahead(
         pinned = parts.generator.version if cfg.overlap.max_staleness else None
         return VersionPin(ahead.published, pinned)
 
-    async def collect(iteration: int, tasks: list[Task]) -> tuple[list[list[Trajectory]], int]:
+    buffer = PairBuffer(cfg.preference.buffer_size, config.seed)  # DPO-MCTS's, kept throughout
+
+    async def collect(iteration: int, tasks: list[Task]) -> Collected:
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit then
+        if cfg.preference.search_iterations and distributed.is_main():  # DPO-MCTS: tree searches
+            score = functools.partial(rollout_reward, kind=cfg.reward)
+            return await search_pairs(parts, tasks, iteration, config, max_turns, buffer, score)
         return await roll_out(config, parts, tasks, iteration, max_turns, show_progress, pin)
 
     ahead = AheadCollector(
@@ -409,13 +409,13 @@ async def evaluate_during_training(
 async def roll_out(
     config: RunConfig, parts: TrainParts, tasks: list[Task], iteration: int, max_turns: int,
     show_progress: bool, pin: Callable[[], VersionPin],
-) -> tuple[list[list[Trajectory]], int]:  # fmt: skip
+) -> Collected:  # fmt: skip
     """K rollouts per task of at most `max_turns` turns, with the straggler cut-off, each
     group on the version `pin` gives when it starts; returns the groups and the number
     discarded."""
     cfg = config.train
     if not distributed.is_main():
-        return [], 0
+        return [], 0, {}
     jobs, enough = iteration_jobs(tasks, iteration, config.seed, cfg)
     settings = dataclasses.replace(config.agent, max_turns=max_turns)
     progress = _progress(len(jobs), f"iter {iteration} rollouts", show_progress)
@@ -427,7 +427,7 @@ async def roll_out(
         enough=enough, pin=pin,
     )  # fmt: skip
     progress.close()
-    return by_group(done), len(jobs) - len(done)
+    return by_group(done), len(jobs) - len(done), {}
 
 
 def select_samples(

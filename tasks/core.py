@@ -299,6 +299,10 @@ class TaskSuite(Protocol):
     # Its grader marks the collateral test (`TestResult.collateral`) and reports whether the
     # state changed (`TestReport.state_changed`): what `reward: acted` needs (loop.checks)
     marks_collateral: bool
+    # The same cells from a task's reset give the same observations and state, every time:
+    # a turn's state can be restored by replaying the episode's code into a fresh environment
+    # (what DPO-MCTS's tree search needs, loop/rollout/search.py; loop.checks)
+    replays_exactly: bool
 
     @property
     def splits(self) -> dict[str, list[Task]]: ...

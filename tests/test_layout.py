@@ -202,7 +202,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "loop.config": set(),  # the config edge: config, config_types, checks, seeds
     "loop.algo": set(),  # pure math: nothing from loop
     "loop.model": {"loop.run.rundir", "loop.config"},  # checkpoint names, one-line errors
-    "loop.rollout": {"loop.config", "loop.generators.base", "loop.generators.tokenizer"},
+    # algo.mcts: DPO-MCTS's tree bookkeeping, pure Python (no torch), for the search
+    "loop.rollout": {
+        "loop.config",
+        "loop.generators.base",
+        "loop.generators.tokenizer",
+        "loop.algo.mcts",
+    },
     "loop.run": {"loop.rollout", "loop.algo"},
     "loop.learner": {"loop.algo", "loop.model", "loop.rollout", "loop.config"},
     "loop.generators": {"loop.model", "loop.config"},

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from loop.algo.advantages import (
+    Advantages,
     compute_filter_advantages,
     compute_group_advantages,
     compute_loo_advantages,
@@ -43,6 +44,7 @@ from loop.algo.advantages import (
     compute_turn_advantages,
     filter_by_magnitude,
 )
+from loop.algo.preference import preference_signs
 
 
 @dataclass
@@ -150,9 +152,11 @@ def assign_credit(
     normalize: bool = False,
     turn_coef: float = 1.0,
     return_threshold: float = 1.0,
+    margin: float = 0.0,
 ) -> Credit:
-    """Advantages for every rollout of every group (method: loo, grpo, turn, reinforce or
-    filter; `return_threshold` is filter's)."""
+    """Advantages for every rollout of every group (method: loo, grpo, turn, reinforce,
+    filter or preference; `return_threshold` is filter's, `margin` preference's: A = +1 / -1
+    for the chosen / rejected member of a pair, loop/algo/preference.py)."""
     if not any(groups):  # nothing collected (or a learner process that collects nothing)
         return Credit.empty()
     width = max(len(g) for g in groups)
@@ -182,6 +186,8 @@ def assign_credit(
             adv = compute_reinforce_advantages(rewards, present)
         elif method == "filter":
             adv = compute_filter_advantages(rewards, present, threshold=return_threshold)
+        elif method == "preference":
+            adv = Advantages(*preference_signs(rewards, present, margin=margin))
         elif method in ("gae", "verlog"):  # per token, from the critic, after this step
             adv = compute_reinforce_advantages(rewards, present)
             adv = adv._replace(advantages=torch.zeros_like(adv.advantages))

@@ -21,7 +21,7 @@ class LearnerSettings:
 
     lr: float
     weight_decay: float
-    loss: Literal["ppo", "reinforce", "cross_entropy"] = "ppo"
+    loss: Literal["ppo", "reinforce", "cross_entropy", "dpo"] = "ppo"
     ratio_level: Literal["token", "turn", "trajectory"] = "token"
     clip_eps: float = 0.1  # [P] section 4.2 / [C]: the ratio band [1/1.1, 1.1]
     clip_lower: Literal["reciprocal", "symmetric"] = "reciprocal"  # [C]'s lower bound 1/(1+eps)
@@ -42,6 +42,8 @@ class LearnerSettings:
     demo_coef: float = 0.0  # lambda of the demonstrations' cross-entropy in each step (0: off)
     demos_per_step: int = 2  # demonstrations in that term, global
     shared_prefix_min: int = 64  # a step's common start run once when this long (0: never)
+    dpo_beta: float = 0.1  # loss dpo: beta of the DMPO / DPO loss
+    dmpo_gamma: float = 0.9  # loss dpo: DMPO's discount in its turn weights
 
     @classmethod
     def for_rl(cls, config: RunConfig) -> LearnerSettings:
@@ -59,6 +61,7 @@ class LearnerSettings:
             is_correction=cfg.off_policy.correction, is_cap=cfg.off_policy.cap,
             is_band=(cfg.off_policy.band[0], cfg.off_policy.band[1]), demo_coef=cfg.replay.coef,
             demos_per_step=cfg.replay.demos_per_step, shared_prefix_min=cfg.shared_prefix_min,
+            dpo_beta=cfg.preference.beta, dmpo_gamma=cfg.preference.gamma,
         )  # fmt: skip
 
     @classmethod

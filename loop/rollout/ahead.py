@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from loop.rollout.staleness import admits
@@ -52,9 +52,12 @@ class Collection:
     discarded: int  # rollouts cancelled by the straggler cut-off
     rollout_s: float  # the collection's own wall time
     wait_s: float = 0.0  # how long the learner waited for it in `take`
+    metrics: dict[str, float] = field(default_factory=dict)  # the collector's own (search/*)
 
 
-Collect = Callable[[int, list[Task]], Awaitable[tuple[list[list[Trajectory]], int]]]
+# (groups, discarded, metrics), or (groups, discarded)
+Collected = tuple[list[list[Trajectory]], int, dict[str, float]]
+Collect = Callable[[int, list[Task]], Awaitable[Collected | tuple[list[list[Trajectory]], int]]]
 Draw = Callable[[], list[Task]]
 
 
@@ -127,5 +130,6 @@ class AheadCollector:
 
     async def _collect(self, iteration: int, tasks: list[Task]) -> Collection:
         started = time.monotonic()
-        groups, discarded = await self.collect(iteration, tasks)
-        return Collection(tasks, groups, discarded, time.monotonic() - started)
+        groups, discarded, *metrics = await self.collect(iteration, tasks)
+        elapsed = time.monotonic() - started
+        return Collection(tasks, groups, discarded, elapsed, metrics=metrics[0] if metrics else {})

@@ -27,6 +27,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from loop.config import ConfigError, TrainConfig
+from tasks import Task, TaskSuite
+
 Signal = Literal["signal", "solved", "stuck"]
 Stratify = Literal["scenario"] | None
 
@@ -127,3 +130,17 @@ def interleave(order: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
         groups[key(item)].append(item)
     depth = max((len(g) for g in groups.values()), default=0)
     return [g[i] for i in range(depth) for g in groups.values() if i < len(g)]
+
+
+def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
+    """The split's tasks, up to `max_difficulty`."""
+    tasks = [
+        t
+        for t in suite.tasks(cfg.split)
+        if cfg.max_difficulty is None or t.difficulty <= cfg.max_difficulty
+    ]
+    if not tasks:
+        raise ConfigError(
+            f"train.split {cfg.split!r} has no task of difficulty <= {cfg.max_difficulty}"
+        )
+    return tasks

@@ -100,6 +100,12 @@ class AppTownEnv:
         """`reset` (a fork in memory: nothing to wait for)."""
         return self.reset()
 
+    def state_fingerprint(self) -> str:
+        """The fingerprint of the state now, as `start_fingerprint` is of the start's: equal
+        for equal states (a restore by replay is checked with it)."""
+        with self._lock:
+            return hashlib.sha256(self.server.ctx.db.serialize()).hexdigest()
+
     async def aclose(self) -> None:
         """Nothing outside the sandbox to release (the pool destroys the kernel)."""
 

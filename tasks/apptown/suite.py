@@ -44,6 +44,7 @@ class AppTownSuite:
     name = "apptown"
     uses_sandbox = True
     marks_collateral = True  # grading.py marks no_collateral_changes; api.py marks the reads
+    replays_exactly = True  # a fixed clock, seeded content, SQLite state forked per reset
 
     def __init__(
         self, seed: int = 0, n_people: int = 72, scenarios: tuple[Scenario, ...] = SCENARIOS

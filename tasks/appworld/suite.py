@@ -38,6 +38,7 @@ class AppWorldSuite:
     name = "appworld"
     uses_sandbox = False  # the agent's code runs in the engine process, not in a REPL kernel
     marks_collateral = False  # AppWorld's tests and API records carry no such marks
+    replays_exactly = False  # its engine's clock and ids are not ours to pin: not guaranteed
 
     def __init__(
         self,

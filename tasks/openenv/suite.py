@@ -32,6 +32,7 @@ class OpenEnvSuite:
     name = "openenv"
     uses_sandbox = False  # the server runs the agent's code (ours: in its own sandboxes)
     marks_collateral = False  # an external reward carries no collateral test
+    replays_exactly = False  # a server of its own: nothing says its world is deterministic
 
     def __init__(
         self,

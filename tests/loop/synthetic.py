@@ -109,6 +109,8 @@ class WordSuite:
     name = "words"
     shares_weights = False
     uses_sandbox = False  # the environment runs no code
+    marks_collateral = False
+    replays_exactly = True  # the words alone decide the state
 
     def __init__(self) -> None:
         self._splits = {
@@ -184,10 +186,15 @@ SYNTHETIC = [
 
 
 def run_synthetic(
-    tmp_path: Path, iterations: int, *extra: str, max_batch_size: int = 16
+    tmp_path: Path,
+    iterations: int,
+    *extra: str,
+    max_batch_size: int = 16,
+    suite: WordSuite | None = None,
 ) -> list[dict[str, Any]]:
     """Train the synthetic policy on `WordSuite` for `iterations`; the metrics.jsonl records.
 
+    `suite`: another word suite (e.g. `MultiTurnWordSuite`, with `agent.max_turns` to match).
     `max_batch_size=1` makes the run bit-for-bit reproducible: the hf generator then never
     batches rollouts whose composition (and so padding and float rounding) depends on timing.
     """
@@ -198,7 +205,7 @@ def run_synthetic(
     torch.manual_seed(0)
     policy = synthetic_policy()
     generator = HFGenerator(policy, max_batch_size=max_batch_size)
-    parts = TrainParts(policy, generator, policy.tokenizer, WordSuite(), NoSandboxPool())
+    parts = TrainParts(policy, generator, policy.tokenizer, suite or WordSuite(), NoSandboxPool())
     train(config, parts, show_progress=False)
     lines = (tmp_path / "synth" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
