@@ -628,8 +628,21 @@ def section_logprobs(out: Out) -> None:
             out.row(**row)
 
 
-def section_engine(out: Out) -> None:
+def serve_all(generator: Any, prompts: list[list[int]], params: Any) -> list[Any]:
+    """Every prompt through `generator` at once, then closed: a Generation or the exception
+    of each, in order."""
     import asyncio
+
+    async def run() -> list[Any]:
+        calls = [generator.generate(prompt, params) for prompt in prompts]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await generator.close()
+        return results
+
+    return asyncio.run(run())
+
+
+def section_engine(out: Out) -> None:
 
     import torch
 
@@ -659,18 +672,9 @@ def section_engine(out: Out) -> None:
             for i in range(rows)
         ]
         params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
-
-        async def run(
-            gen: HFGenerator = generator, asks: list[Any] = prompts, how: Any = params
-        ) -> list[Any]:
-            calls = [gen.generate(p.tolist(), how) for p in asks]
-            results = await asyncio.gather(*calls, return_exceptions=True)
-            await gen.close()
-            return results
-
         reset_peak(out.tiny)
         start = time.perf_counter()
-        results = asyncio.run(run())
+        results = serve_all(generator, [p.tolist() for p in prompts], params)
         sync(out.tiny)
         seconds = time.perf_counter() - start
         done = [r for r in results if isinstance(r, Generation)]
@@ -700,7 +704,6 @@ def section_engine_long(out: Out) -> None:
     tokens, every key in its row slot (`kv_cache_mb=0`), 16 new tokens: the peak against
     the preflight's rule for the engine (loop/preflight/plan.py `plan_hf_engine`: the rows'
     KV at the longest row's length beside the resident weights, no margin)."""
-    import asyncio
 
     import torch
 
@@ -724,19 +727,9 @@ def section_engine_long(out: Out) -> None:
             for i in range(rows)
         ]
         params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=0)
-
-        async def run(
-            gen: HFGenerator = generator, asks: list[Any] = prompts, how: Any = params
-        ) -> list[Any]:
-            results = await asyncio.gather(
-                *(gen.generate(p, how) for p in asks), return_exceptions=True
-            )
-            await gen.close()
-            return results
-
         reset_peak(out.tiny)
         start = time.perf_counter()
-        results = asyncio.run(run())
+        results = serve_all(generator, prompts, params)
         sync(out.tiny)
         done = [r for r in results if isinstance(r, Generation)]
         kv = rows * (length + new) * per_token / 2**30

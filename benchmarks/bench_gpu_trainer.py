@@ -88,9 +88,11 @@ class GpuPeak(threading.Thread):
     """The GPU's used memory, sampled by nvidia-smi every half second (the trainer is another
     process: its own allocator counters are out of reach), the peak in GiB."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, sampled: bool) -> None:
         super().__init__(daemon=True)
         self.peak_mib, self.stopped = 0, threading.Event()
+        if sampled:  # started at once; not on a CPU (`--tiny`)
+            self.start()
 
     def run(self) -> None:
         query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
@@ -155,9 +157,7 @@ def main() -> None:
     run_dir = runs / NAME
 
     # 1. the first launch, SIGKILLed once iteration 0's checkpoint is written
-    peak = GpuPeak()
-    if not args.tiny:
-        peak.start()
+    peak = GpuPeak(sampled=not args.tiny)
     log = args.out / "first.log"
     start = time.perf_counter()
     first = launch(command, log)
@@ -177,9 +177,7 @@ def main() -> None:
         return
 
     # 2. the same command resumes from the checkpoint and finishes
-    peak = GpuPeak()
-    if not args.tiny:
-        peak.start()
+    peak = GpuPeak(sampled=not args.tiny)
     log = args.out / "resumed.log"
     start = time.perf_counter()
     second = launch(command, log)
