@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
 
 import psutil
 import pytest
 import torch
 
 from loop.generators.hf.engine import DecoderEngine, Row
-from loop.generators.hf.pages import SlotMemory
+from loop.generators.hf.pages import _LIBC, SlotMemory, trim_heap
 from loop.model.policy import Policy
 
 MIB = 2**20
@@ -79,3 +80,27 @@ def test_growth_copies_each_row_and_keeps_the_rest_unwritten(tiny_policy: Policy
         engine.reserve(4 * engine.own.shape[4])
     assert torch.equal(engine.own_kv(row), kept)
     assert not engine.own[0, :, :, :, 37:].any() and not engine.own[1:].any()
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's malloc_trim")
+def test_trim_heap_returns_what_a_thread_freed() -> None:
+    """Tensors of 4 MiB (under glibc's mmap threshold once it has risen) live in the arena of
+    the thread that made them, resident after they are freed while a live tensor above them
+    keeps the heap from shrinking, until `trim_heap`."""
+    big = torch.ones(64 * MIB // 4)  # freed: glibc's mmap threshold rises past 4 MiB
+    del big
+    kept = []
+
+    def churn() -> None:
+        parts = [torch.ones(MIB) for _ in range(64)]  # 64 x 4 MiB
+        kept.append(torch.ones(16))
+        del parts
+
+    thread = threading.Thread(target=churn)
+    before = resident()
+    thread.start()
+    thread.join()
+    held = resident() - before
+    assert held > 128 * MIB, held  # what the test is about: glibc kept the freed pages
+    trim_heap()
+    assert resident() - before < held - 128 * MIB, (held, resident() - before)
