@@ -17,7 +17,7 @@ samples from the current learner weights (LoRA included).
    new ids in one sequence, attention row by row), so a turn boundary where many rollouts
    come back reads the weights once, not once a rollout. The store holds at most
    `kv_cache_mb` (unset: a share of the GPU's free memory, or 1 GiB on a CPU), least recently
-   used first out.
+   used first out; nothing is kept of a rollout's last turn (`SamplingParams.last_turn`).
    A first-turn prompt becomes a prefix entry of its own only when no entry covers at least
    `SHARE_FRACTION` of it; otherwise it views that entry and its few own tokens (the task) go
    to its row. So the rollouts of many tasks view one entry, whose keys each decode step reads
@@ -438,7 +438,7 @@ class HFGenerator:
         for active, reason in zip(actives, finish, strict=True):
             if reason is None:
                 continue
-            self._leave(active, retain=True)
+            self._leave(active, retain=not active.request.params.last_turn)
             self.requests_served += 1
             self.tokens_generated += len(active.sampled)
             result = Generation(active.sampled, active.logprobs, reason)
