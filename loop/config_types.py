@@ -68,6 +68,7 @@ class ModelConfig:
         False, "recompute activations in the backward pass (less memory, more time)"
     )
     torch_threads: int | None = doc(None, "CPU threads for torch ops (None: torch's default)")
+    recompute_mlp: bool = doc(False, "recompute each MLP in the backward pass (same gradients)")
     init_adapter: str | None = doc(None, "start from this PEFT LoRA adapter directory (LoRA only)")
 
 

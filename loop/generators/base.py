@@ -30,6 +30,9 @@ class SamplingParams:
     # the rollout's group was dispatched); None: the newest. Only a backend that keeps several
     # versions (vllm_server) honours an older one; the trainer pins only with such a backend.
     version: str | None = None
+    # True on a rollout's last turn: no later prompt extends this one, so a generator that
+    # keeps a turn's keys and values for the rollout's next turn (hf) keeps none
+    last_turn: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

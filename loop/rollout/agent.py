@@ -154,6 +154,7 @@ async def run_episode(
             stop_token_ids=glue.stop_token_ids,
             seed=None if seed is None else seed + turn_index,
             version=version,
+            last_turn=turn_index == settings.max_turns - 1,
         )
         try:
             messages = _window(traj.messages, context_messages, turn_index, settings.memory_turns)

@@ -225,6 +225,18 @@ def test_common_prefix_length_compares_in_blocks() -> None:
     assert common_prefix_length([], long) == 0
 
 
+async def test_a_rollouts_last_turn_leaves_no_cache_behind(tiny_policy: Policy) -> None:
+    """A turn's keys and values are kept for the rollout's next turn, unless it has none."""
+    generator = HFGenerator(tiny_policy, max_batch_size=2)
+    prompts = task_prompts(2)
+    await generator.generate(prompts[0], sampled(0))
+    assert len(generator.cache.retained) == 1
+    last = SamplingParams(max_new_tokens=8, temperature=1.0, seed=1, last_turn=True)
+    await generator.generate(prompts[1], last)
+    assert len(generator.cache.retained) == 1  # the first rollout's, still
+    await generator.close()
+
+
 def test_engine_rows_fill_slots_in_order(tiny_policy: Policy) -> None:
     engine = DecoderEngine(tiny_policy.model, max_rows=3)
     rows = [Row(ids=[]) for _ in range(3)]

@@ -12,7 +12,7 @@ ours. A row's keys and values live in two parts:
 - a **prefix view**: the first `n_prefix` tokens of a frozen `PrefixEntry` (`loop/generators/
   kvcache.py`), shared by every row that starts with the same ids and read once per decode
   step for all of them;
-- its **own slot**: row i of a preallocated (layers, 2, rows, kv_heads, capacity, head_dim)
+- its **own slot**: row i of a preallocated (rows, layers, 2, kv_heads, capacity, head_dim)
   tensor, written in place, one position per decode step (no per-step copy of the cache).
 
 Attention over the two parts is computed separately and merged exactly with their
@@ -35,7 +35,10 @@ quarter, so growth is rare, copying once) and the generator calls it when a requ
 the request's whole prompt plus `max_new_tokens` (never past `max_tokens`, the generator's
 `max_context_tokens`): a growth that does not fit fails that request alone, before it
 decodes, never a decode step shared by every row. `release()` frees the slots when no row is
-active (between turns and while the learner trains).
+active (between turns and while the learner trains). On a CPU the slots are paged in by need
+(`loop/generators/hf/pages.py`): the capacity is address space, and only the pages rows write
+are resident, so the slots hold about the rows' own tokens, not rows x capacity; a growth copies
+each row's own tokens only, and a leaving row's pages go back to the OS at once.
 
 Supported: `model_type` llama, mistral, qwen2 and qwen3 (those whose layers are
 `input_layernorm -> self_attn(q, k, v, o) -> post_attention_layernorm -> mlp`, full
@@ -54,6 +57,7 @@ from torch import Tensor
 from loop.generators.hf.attention import decode_attention, step_index
 from loop.generators.hf.fused import Head, LayerProjections
 from loop.generators.hf.kvcache import PrefixEntry
+from loop.generators.hf.pages import SlotMemory
 from loop.model.aliases import causal_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -122,7 +126,8 @@ class DecoderEngine:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.rows: list[Row] = []
-        self.own = self._empty_slots()
+        self.slots = self._slots(0)  # the memory of `own`, paged in by need on a CPU
+        self.own = self.slots.tensor  # (rows, layers, 2, kv_heads, capacity, head_dim)
         # fused projections (loop/generators/hf/fused.py); None: each module called, the reference
         self.fused = (
             [LayerProjections(layer, packed=packed) for layer in self.layers] if fused else None
@@ -145,7 +150,7 @@ class DecoderEngine:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the row slots (the active rows' own keys and values)."""
+        """Bytes of the row slots' capacity (on a CPU only the pages rows wrote are resident)."""
         return self.own.numel() * self.own.element_size()
 
     def add(self, row: Row, own: Tensor | None) -> None:
@@ -157,28 +162,33 @@ class DecoderEngine:
         row.slot = len(self.rows)
         self.rows.append(row)
         if own is not None and own.shape[3]:
-            self.own[:, :, row.slot, :, : own.shape[3]] = own
+            self.own[row.slot, :, :, :, : own.shape[3]] = own
 
     def release(self) -> None:
         """Free the slots' memory (no row may be active)."""
         assert not self.rows, "release() with active rows"
-        self.own = self._empty_slots()
+        self.slots = self._slots(0)
+        self.own = self.slots.tensor
 
     def remove(self, row: Row) -> Tensor:
-        """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim)."""
+        """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim).
+        The last row moves into the freed slot; the pages no row uses any more go back."""
         own = self.own_kv(row).clone()
         last = self.rows.pop()
         if last is not row:
             n = last.own_length
-            self.own[:, :, row.slot, :, :n] = self.own[:, :, last.slot, :, :n]
-            last.slot = row.slot
-            self.rows[row.slot] = last
+            self.own[row.slot, :, :, :, :n] = self.own[last.slot, :, :, :, :n]
+            if own.shape[3] > n:  # the tail the longer row used, head by head
+                for part in self.own[row.slot, :, :, :, n:].flatten(0, 2):
+                    self.slots.give_back(part)
+            last.slot, self.rows[row.slot] = row.slot, last
+        self.slots.give_back(self.own[len(self.rows)])  # the slot left empty
         row.slot = -1
         return own
 
     def own_kv(self, row: Row) -> Tensor:
         """A view of `row`'s own KV."""
-        return self.own[:, :, row.slot, :, : row.own_length]
+        return self.own[row.slot, :, :, :, : row.own_length]
 
     def prefill(self, row: Row, new_ids: list[int], store: Tensor | None = None) -> Tensor:
         """Run `new_ids` after what `row` covers (in chunks); (vocab,) float logits of the last.
@@ -192,9 +202,7 @@ class DecoderEngine:
             chunk = new_ids[start : start + self.prefill_chunk]
             if store is None:
                 self.reserve(row.own_length + len(chunk))
-            hidden = self._prefill_chunk(
-                row, chunk, self.own[:, :, row.slot] if store is None else store
-            )
+            hidden = self._prefill_chunk(row, chunk, self.own[row.slot] if store is None else store)
         assert hidden is not None, "prefill needs at least one new id"
         return self.head(hidden[:, -1]).float()[0]
 
@@ -226,7 +234,7 @@ class DecoderEngine:
             q, k, v = self._qkv(index, x, rotary)  # (1, heads, total, head_dim)
             parts = []
             for row, start, (first, end) in zip(rows, starts, spans, strict=True):
-                count, own = end - first, self.own[index, :, row.slot]
+                count, own = end - first, self.own[row.slot, index]
                 own[0, :, start : start + count] = k[0, :, first:end].to(own.dtype)
                 own[1, :, start : start + count] = v[0, :, first:end].to(own.dtype)
                 parts.append(
@@ -259,7 +267,7 @@ class DecoderEngine:
         width = int(lengths.max()) + 1
         for index in range(len(self.layers)):
             q, k, v = self._qkv(index, x, rotary)  # (B, heads or kv_heads, 1, head_dim)
-            keys, values = self.own[index, 0], self.own[index, 1]
+            keys, values = self.own[:, index, 0], self.own[:, index, 1]
             keys[slots, :, lengths] = k[:, :, 0].to(keys.dtype)
             values[slots, :, lengths] = v[:, :, 0].to(values.dtype)
             keys = keys[: len(rows), :, :width].float()
@@ -337,7 +345,7 @@ class DecoderEngine:
     def reserve(self, length: int) -> None:
         """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
         multiple of `CAPACITY_STEP` (at most `max_tokens` unless `length` asks more), copying
-        once; a failed growth leaves the slots unchanged."""
+        each active row's own tokens once; a failed growth leaves the slots unchanged."""
         capacity = self.own.shape[4]
         if length <= capacity:
             return
@@ -346,16 +354,15 @@ class DecoderEngine:
         shape[4] = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
         if self.max_tokens is not None:  # room past the cap would never be used
             shape[4] = max(length, min(shape[4], self.max_tokens))
-        grown = self.own.new_zeros(shape)
-        grown[..., :capacity, :] = self.own
-        self.own = grown
+        grown = SlotMemory(tuple(shape), self.own.dtype, self.own.device)
+        for row in self.rows:  # only what rows hold: the rest of the slots stays unwritten
+            n = row.own_length
+            grown.tensor[row.slot, :, :, :, :n] = self.own[row.slot, :, :, :, :n]
+        self.slots, self.own = grown, grown.tensor
 
-    def _empty_slots(self) -> Tensor:
-        weight = self.base.model.embed_tokens.weight
-        return weight.new_zeros(
-            (len(self.layers), 2, self.max_rows, self.kv_heads, 0, self.head_dim),
-            dtype=self.kv_dtype,
-        )
+    def _slots(self, capacity: int) -> SlotMemory:
+        shape = (self.max_rows, len(self.layers), 2, self.kv_heads, capacity, self.head_dim)
+        return SlotMemory(shape, self.kv_dtype, self.base.model.embed_tokens.weight.device)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ samples from the current learner weights (LoRA included).
    new ids in one sequence, attention row by row), so a turn boundary where many rollouts
    come back reads the weights once, not once a rollout. The store holds at most
    `kv_cache_mb` (unset: a share of the GPU's free memory, or 1 GiB on a CPU), least recently
-   used first out.
+   used first out; nothing is kept of a rollout's last turn (`SamplingParams.last_turn`).
    A first-turn prompt becomes a prefix entry of its own only when no entry covers at least
    `SHARE_FRACTION` of it; otherwise it views that entry and its few own tokens (the task) go
    to its row. So the rollouts of many tasks view one entry, whose keys each decode step reads
@@ -40,9 +40,10 @@ arriving during a batch wait for the next. A request whose prefill fails gets a
 so does one whose row slots cannot grow to its prompt plus `max_new_tokens` (reserved when it
 joins, so decode steps never grow them; never past `max_context_tokens`: a request's
 `max_new_tokens` is cut to the room its prompt leaves); a failing decode step fails the rows in
-it; the worker keeps serving. The slots' memory is freed whenever no row is active. The model is in
-eval mode under `torch.no_grad()` while sampling; each module's training flag is restored
-afterwards.
+it; the worker keeps serving. The slots' memory is freed whenever no row is active; the C heap's
+free pages go back to the OS as a burst starts and in `release_memory` (`pages.trim_heap`). The
+model is in eval mode under `torch.no_grad()` while sampling; each module's training flag is
+restored afterwards.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from loop.generators.base import (
 from loop.generators.hf.engine import DecoderEngine, Row, supports
 from loop.generators.hf.kvcache import KVStore
 from loop.generators.hf.listing import ModelListing, sampling_mode
+from loop.generators.hf.pages import trim_heap
 from loop.generators.hf.requests import Active, Request, capped, check_prompt, deliver
 from loop.generators.hf.sampling import pick_tokens, sample_batch, seeded_rng
 from loop.model.checkpoint import load_adapter
@@ -187,6 +189,7 @@ class HFGenerator:
                 self.engine.unpack()  # packed weight copies, remade on the next step
                 if not self.engine.rows:
                     self.engine.release()
+            trim_heap()  # what was freed goes back to the OS, for the learner's step
 
     def stats(self) -> GeneratorStats:
         """The engine's decode and prefill work so far (a copy: the worker keeps counting)."""
@@ -262,6 +265,8 @@ class HFGenerator:
         """Admit `joining`, then one decode step for every active row. Results are delivered
         once the model is back in its own mode (a caller may train it as soon as it has them)."""
         assert self.engine is not None
+        if not self._active:  # a burst starts: what the learner freed goes back first
+            trim_heap()
         try:  # the listing is taken under the lock (`with A, B` enters A before evaluating B)
             with self._model_lock, sampling_mode(self._current_listing(), self.torch_threads):
                 self._sync_weights()
@@ -433,7 +438,7 @@ class HFGenerator:
         for active, reason in zip(actives, finish, strict=True):
             if reason is None:
                 continue
-            self._leave(active, retain=True)
+            self._leave(active, retain=not active.request.params.last_turn)
             self.requests_served += 1
             self.tokens_generated += len(active.sampled)
             result = Generation(active.sampled, active.logprobs, reason)

@@ -6,9 +6,10 @@ Two kinds of cached keys and values, both valid for one weight version only:
   longest common prefix with any entry (the system message and worked example are shared by
   every rollout; the K rollouts of one task share their whole first prompt). Entries are
   immutable, so a view of their first n tokens stays valid.
-- **Retained caches**: a rollout's own KV past its prefix entry, kept when its turn ends. Its
-  next prompt extends the ids it covers (token in, token out), so the next turn prefills only
-  the glue and the observation.
+- **Retained caches**: a rollout's own KV past its prefix entry, kept when its turn ends
+  (unless it was the rollout's last: `SamplingParams.last_turn`). Its next prompt extends the
+  ids it covers (token in, token out), so the next turn prefills only the glue and the
+  observation.
 
 `match` picks the candidate that covers most of a prompt (never all of it: the last prompt
 token is always run, since its logits give the first sampled token). The store never holds more

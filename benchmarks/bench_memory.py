@@ -1,0 +1,256 @@
+"""Where a run's resident memory goes: sample a command's RSS over time, tagged by its log.
+
+    python benchmarks/bench_memory.py watch --out runs/mem -- python train.py \
+        --config configs/quickstart.yaml
+    python benchmarks/bench_memory.py parts       # the engine's and the learner's parts
+
+`watch` starts the command, samples its process's resident set (and, apart, the sum of its
+descendants': the sandboxes' kernels) every `--interval` seconds with psutil, and keeps the
+command's output with the second each line came. It prints the peak, the log line the peak
+came under, and the peak per stretch of the log (a stretch starts at each line matching
+`--mark`). `parts` builds the quickstart's policy and generator in this process and measures
+each part's bytes (see `parts`' docstring). Both print one table; `--out` keeps the samples
+(`rss.csv`) and the timestamped log (`log.txt`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+GB = 1e9
+MIB = 2**20
+
+
+def watch(command: list[str], interval: float, out: Path | None, mark: str) -> int:
+    """Run `command`, sample its RSS; print the peak and the peak per marked stretch."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append((time.monotonic() - started, line.rstrip("\n")))
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    root = psutil.Process(process.pid)
+    samples: list[tuple[float, int, int]] = []  # (seconds, own RSS, descendants' RSS)
+    while process.poll() is None:
+        try:
+            own = root.memory_info().rss
+            kids = 0
+            for child in root.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    kids += child.memory_info().rss
+            samples.append((time.monotonic() - started, own, kids))
+        except psutil.Error:
+            break
+        time.sleep(interval)
+    reader.join(timeout=5)
+    _report(samples, lines, re.compile(mark))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [f"{t:.2f},{own},{kids}" for t, own, kids in samples]
+        (out / "rss.csv").write_text("seconds,rss,descendants_rss\n" + "\n".join(rows) + "\n")
+        (out / "log.txt").write_text("".join(f"{t:8.1f} {line}\n" for t, line in lines))
+    return process.returncode or 0
+
+
+def _report(samples: list[tuple[float, int, int]], lines: list[tuple[float, str]], mark) -> None:
+    if not samples:
+        print("no samples")
+        return
+    peak = max(samples, key=lambda s: s[1])
+    under = [line for t, line in lines if t <= peak[0]]
+    print(
+        f"\npeak RSS {peak[1] / GB:.2f} GB at {peak[0]:.0f} s (descendants then "
+        f"{peak[2] / GB:.2f} GB; their peak {max(s[2] for s in samples) / GB:.2f} GB)"
+    )
+    print(f"  under: {under[-1] if under else '(before any output)'}")
+    marks = [(t, line) for t, line in lines if mark.search(line)]
+    bounds = [(0.0, "(start)"), *marks]
+    print("\n| from (s) | stretch | peak RSS GB | RSS at its end GB |\n|---|---|---|---|")
+    for i, (t0, line) in enumerate(bounds):
+        t1 = bounds[i + 1][0] if i + 1 < len(bounds) else float("inf")
+        inside = [s for s in samples if t0 <= s[0] < t1]
+        if inside:
+            print(
+                f"| {t0:.0f} | {line[:70]} | {max(s[1] for s in inside) / GB:.2f} | "
+                f"{inside[-1][1] / GB:.2f} |"
+            )
+
+
+class PeakSampler:
+    """This process's RSS sampled every `interval` seconds in a thread: `peak` since `reset`."""
+
+    def __init__(self, interval: float = 0.005):
+        self.process, self.interval, self.peak = psutil.Process(), interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def rss(self) -> int:
+        return self.process.memory_info().rss
+
+    def reset(self) -> int:
+        self.peak = self.rss()
+        return self.peak
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.rss())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def saved_bytes(run, exclude: set[int]) -> tuple[int, Any]:
+    """`run()` under autograd's saved-tensor hooks: the bytes of the distinct storages saved
+    for backward, storages in `exclude` (the parameters) left out; and run's result."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def keep(tensor: Any) -> Any:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        out = run()
+    return sum(seen.values()), out
+
+
+def parts(tokens: int, outputs: int, rows: int, prefix: int, spread: tuple[int, int]) -> None:
+    """The quickstart's parts, one at a time in this process (float32, LoRA r16, 2 threads):
+    the model; one learner forward and backward over a `tokens`-long rollout whose last
+    `outputs` ids are output (the saved activations counted exactly, the rise of RSS sampled,
+    what the C heap keeps after it, `trim_heap`); the engine's packed weight copies; its row
+    slots holding `rows` rows of own tokens spread evenly over `spread` past a `prefix`-token
+    entry (the bytes the rows hold, the slots' capacity, the rise of RSS)."""
+    import torch
+
+    from loop.generators.hf.engine import DecoderEngine, Row
+    from loop.generators.hf.pages import trim_heap
+    from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden
+    from loop.model.policy import LoraSettings, load_policy
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    sampler, table = PeakSampler(), []
+    table.append(("process before the model (torch, transformers imported)", sampler.rss(), ""))
+    policy = load_policy("smollm2-135m", lora=LoraSettings(rank=16, alpha=32))
+    model = policy.model
+    params = {
+        p.untyped_storage().data_ptr(): p.numel() * p.element_size() for p in model.parameters()
+    }
+    lora = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    table.append(("weights (parameters)", sum(params.values()), f"counted; LoRA {lora / MIB:.1f}"))
+
+    ids = torch.randint(0, 49152, (1, tokens))
+    is_output = torch.zeros(1, tokens, dtype=torch.bool)
+    is_output[:, -outputs:] = True
+    model.train()
+    for p in model.parameters():  # the weights resident (they are mapped from the file)
+        p.detach().sum()
+    before = sampler.reset()
+
+    def forward() -> Any:
+        hidden = last_hidden_state(model, ids, None)
+        return logprobs_from_hidden(
+            model, hidden, ids, chunk_size=1024, temperature=1.0, positions=is_output
+        )
+
+    activations, logprobs = saved_bytes(forward, set(params))
+    after_forward = sampler.peak
+    logprobs.sum().backward()
+    del logprobs
+    model.zero_grad(set_to_none=True)
+    what = f"learner, {tokens} ids ({outputs} output)"
+    table.append((f"{what}: activations saved for backward", activations, "counted"))
+    table.append((f"{what}: RSS rise over the forward", after_forward - before, "sampled"))
+    table.append((f"{what}: RSS rise, forward + backward", sampler.peak - before, "sampled"))
+    table.append((f"{what}: RSS held after it, freed", sampler.rss() - before, "measured"))
+    trim_heap()
+    table.append((f"{what}: ... after trim_heap()", sampler.rss() - before, "measured"))
+
+    model.eval()
+    engine = DecoderEngine(model, max_rows=rows, max_tokens=2048)
+    with torch.no_grad():
+        engine.prefill(Row(ids=[]), list(range(5, 12)), store=engine.new_store(7))  # packs
+    packed = sum(
+        g.packed.numel() * g.packed.element_size()
+        for layer in engine.fused or ()
+        for g in layer.groups
+        if g.packed is not None
+    )
+    head = engine.head.packed
+    packed += 0 if head is None else head.numel() * head.element_size()
+    table.append(("engine: packed weight copies (while sampling)", packed, "counted"))
+    trim_heap()
+    before = sampler.reset()
+    low, high = spread
+    held = 0
+    for i in range(rows):
+        n = low + (high - low) * i // max(rows - 1, 1)
+        own = torch.randn(len(engine.layers), 2, engine.kv_heads, n, engine.head_dim)
+        engine.reserve(n + 168)  # as a joining request reserves its max_new_tokens
+        engine.add(Row(ids=list(range(prefix + n)), n_prefix=prefix), own)
+        held += own.numel() * own.element_size()
+    del own
+    trim_heap()
+    slots = f"engine: {rows} rows' own tokens, {low}-{high} each"
+    table.append((f"{slots} (their keys and values)", held, "counted"))
+    table.append((f"{slots}: the slots' capacity", engine.nbytes, "counted"))
+    table.append((f"{slots}: RSS rise", sampler.rss() - before, "measured"))
+    sampler.close()
+    print("\n| part | MiB | how |\n|---|---|---|")
+    for name, nbytes, how in table:
+        print(f"| {name} | {nbytes / MIB:,.0f} | {how} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    w = sub.add_parser("watch", help="run a command and sample its RSS")
+    w.add_argument("--interval", type=float, default=0.5)
+    w.add_argument("--out", type=Path, default=None)
+    w.add_argument("--mark", default=r"^(iteration|eval|warm start|learn|rollouts)")
+    w.add_argument("command", nargs=argparse.REMAINDER)
+    p = sub.add_parser("parts", help="measure the quickstart's parts in this process")
+    p.add_argument("--tokens", type=int, default=1100, help="the learner's rollout length")
+    p.add_argument("--outputs", type=int, default=400, help="its output ids")
+    p.add_argument("--rows", type=int, default=36, help="the engine's rows")
+    p.add_argument("--prefix", type=int, default=430, help="the prefix entry they view")
+    p.add_argument("--spread", type=int, nargs=2, default=(100, 1400), help="own tokens")
+    args = parser.parse_args(argv)
+    if args.mode == "parts":
+        parts(args.tokens, args.outputs, args.rows, args.prefix, tuple(args.spread))
+        return 0
+    if args.mode == "watch":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        return watch(command, args.interval, args.out, args.mark)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    raise SystemExit(main())

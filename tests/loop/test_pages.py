@@ -1,0 +1,106 @@
+"""The engine's row slots paged in by need (loop/generators/hf/pages.py, engine.py).
+
+A slot tensor's capacity is address space: its pages become resident when written, a leaving
+row's pages go back to the OS (they read as zeros again), and a growth copies the rows' own
+tokens only. Resident sizes are read from the process (psutil), with wide margins.
+
+Run: python -m pytest tests/loop/test_pages.py -q
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+import threading
+
+import psutil
+import pytest
+import torch
+
+from loop.generators.hf.engine import DecoderEngine, Row
+from loop.generators.hf.pages import _LIBC, SlotMemory, trim_heap
+from loop.model.policy import Policy
+
+MIB = 2**20
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="resident pages are read as Linux reports them"
+)
+
+
+def resident() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def test_slot_memory_is_resident_only_where_written_and_given_back() -> None:
+    before = resident()
+    slots = SlotMemory((64, 1024, 1024), torch.float32, torch.device("cpu"))  # 256 MiB
+    assert resident() - before < 16 * MIB
+    assert not slots.tensor.any()  # zeros, read without paging them in
+    assert resident() - before < 16 * MIB
+    slots.tensor[:16] = 1.0  # 64 MiB written
+    assert 56 * MIB < resident() - before < 96 * MIB
+    slots.give_back(slots.tensor[:8])
+    assert 24 * MIB < resident() - before < 64 * MIB
+    assert not slots.tensor[:8].any() and bool(slots.tensor[8:16].all())
+    half_page = mmap.PAGESIZE // 8  # float32s in half a page: a partial page is kept
+    slots.give_back(slots.tensor[8, 0, half_page : 3 * half_page])
+    assert bool(slots.tensor[8, 0, : 2 * half_page].all())
+    assert not slots.tensor[8, 0, 2 * half_page : 3 * half_page].any()
+    del slots
+    assert resident() - before < 32 * MIB
+
+
+def test_a_leaving_row_gives_its_pages_back(tiny_policy: Policy) -> None:
+    """The last row moves into the freed slot; the slot left empty and the freed slot's tail
+    past the moved row's tokens read as zeros (their pages went back); the moved row's keys
+    and values are intact."""
+    engine = DecoderEngine(tiny_policy.model, max_rows=3)
+    rows = [Row(ids=[]) for _ in range(3)]
+    lengths = [200, 60, 90]
+    with torch.no_grad():
+        for row, n in zip(rows, lengths, strict=True):
+            engine.add(row, None)
+            engine.prefill(row, [5] * n)
+        kept = engine.own_kv(rows[2]).clone()
+        engine.remove(rows[0])
+    assert rows[2].slot == 0 and torch.equal(engine.own_kv(rows[2]), kept)
+    assert not engine.own[2].any()  # the slot left empty
+    tail = engine.own[0, :, :, :, 90:]  # the 110 tokens only the leaving row had
+    per_page = mmap.PAGESIZE // (engine.head_dim * engine.own.element_size())
+    assert not tail[:, :, :, -(-90 // per_page) * per_page - 90 :].any()
+
+
+def test_growth_copies_each_row_and_keeps_the_rest_unwritten(tiny_policy: Policy) -> None:
+    engine = DecoderEngine(tiny_policy.model, max_rows=4)
+    row = Row(ids=[])
+    with torch.no_grad():
+        engine.add(row, None)
+        engine.prefill(row, list(range(3, 40)))
+        kept = engine.own_kv(row).clone()
+        engine.reserve(4 * engine.own.shape[4])
+    assert torch.equal(engine.own_kv(row), kept)
+    assert not engine.own[0, :, :, :, 37:].any() and not engine.own[1:].any()
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's malloc_trim")
+def test_trim_heap_returns_what_a_thread_freed() -> None:
+    """Tensors of 4 MiB (under glibc's mmap threshold once it has risen) live in the arena of
+    the thread that made them, resident after they are freed while a live tensor above them
+    keeps the heap from shrinking, until `trim_heap`."""
+    big = torch.ones(64 * MIB // 4)  # freed: glibc's mmap threshold rises past 4 MiB
+    del big
+    kept = []
+
+    def churn() -> None:
+        parts = [torch.ones(MIB) for _ in range(64)]  # 64 x 4 MiB
+        kept.append(torch.ones(16))
+        del parts
+
+    thread = threading.Thread(target=churn)
+    before = resident()
+    thread.start()
+    thread.join()
+    held = resident() - before
+    assert held > 128 * MIB, held  # what the test is about: glibc kept the freed pages
+    trim_heap()
+    assert resident() - before < held - 128 * MIB, (held, resident() - before)
