@@ -112,3 +112,18 @@ def chat_prompt_ids(tokenizer, user_text: str) -> list[int]:
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
     )
+
+
+@pytest.fixture
+def flipped_preferences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every preference pair's winner and loser swapped (loop/algo/credit.py's signs negated):
+    the control under which a preference method must not learn."""
+    from loop.algo import credit
+
+    original = credit.preference_signs
+
+    def flipped(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        return out._replace(signs=-out.signs)
+
+    monkeypatch.setattr(credit, "preference_signs", flipped)

@@ -195,17 +195,8 @@ def test_dmpo_trains_on_multi_turn_episodes(tmp_path: Path) -> None:
 
 
 def test_dmpo_with_the_preferences_flipped_does_not_raise_the_reward(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, flipped_preferences: None
 ) -> None:
-    from loop.algo import credit
-
-    original = credit.preference_signs
-
-    def flipped(*args, **kwargs):
-        out = original(*args, **kwargs)
-        return out._replace(signs=-out.signs)
-
-    monkeypatch.setattr(credit, "preference_signs", flipped)
     records = run_synthetic(tmp_path, 6, *DMPO, "train.tasks_per_iteration=4")
     curve = [r["rollout/reward_mean"] for r in records]
     assert sum(curve[-2:]) / 2 < curve[0], curve

@@ -257,17 +257,8 @@ def test_dpo_mcts_raises_the_return_of_its_searches(tmp_path: Path) -> None:
 
 
 def test_dpo_mcts_with_the_preferences_flipped_does_not_raise_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, flipped_preferences: None
 ) -> None:
-    from loop.algo import credit
-
-    original = credit.preference_signs
-
-    def flipped(*args, **kwargs):
-        out = original(*args, **kwargs)
-        return out._replace(signs=-out.signs)
-
-    monkeypatch.setattr(credit, "preference_signs", flipped)
     start, end, curves = search_returns(tmp_path)
     assert end < start, curves
 
