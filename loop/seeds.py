@@ -15,6 +15,8 @@ would say so.
     rft_seed(seed, pass, t_index, task_index)   warm start's rejection sampling (loop/warmstart.py)
     shuffle_seed(seed, iteration)               which samples go to which learner process
     minibatch_seed(seed, step)                  the minibatch order of an iteration (or SFT epoch)
+    search_seed(task_seed, tree_iteration)      DPO-MCTS: the rollout of one tree iteration
+    candidate_seed(turn_seed, k)                DPO-MCTS: a turn's k-th sibling candidate
 """
 
 from __future__ import annotations
@@ -47,3 +49,15 @@ def shuffle_seed(seed: int, iteration: int) -> int:
 def minibatch_seed(seed: int, step: int) -> int:
     """The seed of the minibatch order of an RL iteration, or of a warm-start epoch (`step`)."""
     return seed * 7919 + step
+
+
+def search_seed(task_seed: int, tree_iteration: int) -> int:
+    """The seed of the rollout of a task's `tree_iteration`-th DPO-MCTS iteration; `task_seed`
+    is the task's `rollout_seed` (loop/rollout/search.py)."""
+    return task_seed + 1000 * tree_iteration
+
+
+def candidate_seed(turn_seed: int, k: int) -> int:
+    """The seed of the `k`-th sibling candidate sampled beside a turn sampled with `turn_seed`
+    (DPO-MCTS's expansion, loop/rollout/search.py)."""
+    return (turn_seed * 31 + k) % 2**31

@@ -55,9 +55,8 @@ class Collection:
     metrics: dict[str, float] = field(default_factory=dict)  # the collector's own (search/*)
 
 
-# (groups, discarded, metrics), or (groups, discarded)
-Collected = tuple[list[list[Trajectory]], int, dict[str, float]]
-Collect = Callable[[int, list[Task]], Awaitable[Collected | tuple[list[list[Trajectory]], int]]]
+Collected = tuple[list[list[Trajectory]], int, dict[str, float]]  # groups, discarded, metrics
+Collect = Callable[[int, list[Task]], Awaitable[Collected]]
 Draw = Callable[[], list[Task]]
 
 
@@ -130,6 +129,5 @@ class AheadCollector:
 
     async def _collect(self, iteration: int, tasks: list[Task]) -> Collection:
         started = time.monotonic()
-        groups, discarded, *metrics = await self.collect(iteration, tasks)
-        elapsed = time.monotonic() - started
-        return Collection(tasks, groups, discarded, elapsed, metrics=metrics[0] if metrics else {})
+        groups, discarded, metrics = await self.collect(iteration, tasks)
+        return Collection(tasks, groups, discarded, time.monotonic() - started, metrics=metrics)

@@ -45,7 +45,7 @@ from loop.rollout.codeblocks import extract_code
 from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
 from loop.rollout.prompt import prompt_example
 from loop.rollout.trajectory import Trajectory, Turn
-from loop.seeds import rollout_seed
+from loop.seeds import candidate_seed, rollout_seed, search_seed
 from tasks import Task, TaskSuite
 
 CANDIDATES = 2  # candidate turns per expansion ([P] App. C)
@@ -145,7 +145,7 @@ async def search_task(
     seed: int,
 ) -> SearchResult:
     """The tree search of one task (module docstring); `score` is the training reward of a
-    rollout, `seed` the search's (each rollout's is seed + its iteration)."""
+    rollout, `seed` the search's (each rollout's: loop/seeds.py `search_seed`)."""
     result = SearchResult(Tree())
     tree = result.tree
     ended_with: dict[int, float] = {}  # a terminal node -> the return its episode ended with
@@ -157,7 +157,7 @@ async def search_task(
             continue
         path = [tree.nodes[i].payload for i in tree.path(leaf)[1:]]
         replay = ReplayGenerator(generator, [c.generation for c in path])
-        job = RolloutJob(task, sample_index=iteration, seed=seed + 1000 * iteration)
+        job = RolloutJob(task, sample_index=iteration, seed=search_seed(seed, iteration))
         (traj,) = await collect_rollouts(
             [job],
             suite=suite,
@@ -186,7 +186,7 @@ async def search_task(
         prompt, params, messages = replay.calls[depth]
         first = tree.add_child(leaf, Candidate(prompt, replay.generations[depth]))
         for k in range(1, search.candidates):
-            seed_k = None if params.seed is None else (params.seed * 31 + k) % 2**31
+            seed_k = None if params.seed is None else candidate_seed(params.seed, k)
             other = dataclasses.replace(params, seed=seed_k)
             sampled = await generator.generate(prompt, other, messages=messages)
             tree.add_child(leaf, Candidate(prompt, sampled))

@@ -87,7 +87,7 @@ class AppTownEnv:
         user = self.user
         db = self.initial_state.fork()
         # Of the very copy this episode runs on (about 3 ms): equal for equal starts.
-        self.start_fingerprint = hashlib.sha256(db.serialize()).hexdigest()
+        self.start_fingerprint = fingerprint(db)
         self._server = AppServer(db, user.id, self.now)
         self.api_calls = []
         self.last_result = None
@@ -104,7 +104,7 @@ class AppTownEnv:
         """The fingerprint of the state now, as `start_fingerprint` is of the start's: equal
         for equal states (a restore by replay is checked with it)."""
         with self._lock:
-            return hashlib.sha256(self.server.ctx.db.serialize()).hexdigest()
+            return fingerprint(self.server.ctx.db)
 
     async def aclose(self) -> None:
         """Nothing outside the sandbox to release (the pool destroys the kernel)."""
@@ -226,3 +226,8 @@ def format_observation(result: Any) -> str:
     else:
         return output or "Execution successful."
     return f"{head}\n{output}" if output else head
+
+
+def fingerprint(db: Any) -> str:
+    """sha256 of a world's whole SQLite state (equal states, equal fingerprints)."""
+    return hashlib.sha256(db.serialize()).hexdigest()

@@ -91,11 +91,11 @@ class FakeDraws:
         self.draws += 1
         return tasks(2, f"d{self.draws}-")
 
-    async def collect(self, iteration: int, drawn: list[Task]) -> tuple[list, int]:
+    async def collect(self, iteration: int, drawn: list[Task]) -> tuple[list, int, dict]:
         self.events.append(f"start {iteration}")
         await self.gates.setdefault(iteration, asyncio.Event()).wait()
         self.events.append(f"end {iteration}")
-        return [[Trajectory(t.id, t.id, 1, 0)] for t in drawn], 0
+        return [[Trajectory(t.id, t.id, 1, 0)] for t in drawn], 0, {}
 
 
 async def test_s_1_collects_the_next_iteration_while_this_one_learns() -> None:
