@@ -10,11 +10,14 @@ Run: python -m pytest tests/loop/test_fused.py -q
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
+from loop.generators.hf.engine import DecoderEngine
 from loop.generators.hf.fused import Head, LayerProjections, can_pack
-from loop.model.policy import LoraSettings, policy_from_model
+from loop.model.policy import LoraSettings, load_policy, policy_from_model
 from tests.loop.conftest import tiny_llama, tiny_tokenizer
 from tests.loop.test_kv_reuse import tiny_model
 
@@ -147,3 +150,49 @@ def test_bfloat16_groups_pack_where_the_cpu_multiplies_bfloat16_natively() -> No
     assert got.dtype == torch.bfloat16
     # bfloat16 keeps 8 bits: the two products round in other orders
     assert (got.float() - want.float()).abs().max() <= 2e-2 * want.float().abs().max()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_the_engine_lets_the_model_files_mapping_go() -> None:
+    """Loaded from its file, the model's tensors view a mapping of it; once the engine has
+    fused the projections, no parameter views the file and its pages are no longer resident,
+    and the model computes what it computed before."""
+    policy = load_policy("smollm2-135m", lora=LoraSettings(rank=4, alpha=8))
+    model = policy.model.eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        before = model(ids).logits
+    assert file_mapped(model), "the model is expected to be loaded from a mapping of its file"
+    DecoderEngine(model, max_rows=1)
+    assert not file_mapped(model)
+    assert resident_file_bytes(".safetensors") == 0
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
+def file_mapped(model: torch.nn.Module) -> bool:
+    """Whether any parameter's data lies inside a mapping of a `.safetensors` file."""
+    spans = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if line.rstrip().endswith(".safetensors"):
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                spans.append((start, end))
+    return any(
+        start <= parameter.data_ptr() < end
+        for parameter in model.parameters()
+        for start, end in spans
+    )
+
+
+def resident_file_bytes(suffix: str) -> int:
+    """Resident bytes of this process's mappings of files named `*suffix`."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and ":" not in first:  # a mapping's header line
+                inside = line.rstrip().endswith(suffix)
+            elif inside and first == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total

@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from loop.generators.hf.attention import decode_attention, step_index
-from loop.generators.hf.fused import Head, LayerProjections
+from loop.generators.hf.fused import Head, LayerProjections, own_storage
 from loop.generators.hf.kvcache import PrefixEntry
 from loop.generators.hf.pages import SlotMemory
 from loop.model.aliases import causal_lm
@@ -132,6 +132,8 @@ class DecoderEngine:
         self.fused = (
             [LayerProjections(layer, packed=packed) for layer in self.layers] if fused else None
         )
+        if self.fused is not None:  # the model file's mapping released (fused.own_storage)
+            own_storage(model, self.fused)
         self.head = Head(self.base.lm_head, packed=fused and packed)  # the LM head
         # decode attention by torch's CPU flash kernel (loop/generators/hf/attention.py)
         self.fused_attention = fused and self.own.device.type == "cpu"
