@@ -28,7 +28,7 @@ from loop.generators.base import Generator, GeneratorError, GeneratorStats
 from loop.generators.tokenizer import Tokenizer
 from loop.model.aliases import resolve_model
 from loop.model.policy import LoraSettings, Policy
-from loop.model.recompute import recompute_mlps
+from loop.model.recompute import recompute
 from loop.parts import TrainParts
 from loop.rollout.collect import SandboxPool
 from loop.run.rundir import RunDir
@@ -208,8 +208,7 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         del weights
     else:
         policy = load(device=config.model.device)
-    if config.model.recompute_mlp:
-        recompute_mlps(policy.model)  # the learner's largest activations (loop/model/recompute.py)
+    recompute(policy.model, config.model.recompute)  # activations (loop/model/recompute.py)
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
     generator: Generator = _IdleGenerator()

@@ -68,7 +68,12 @@ class ModelConfig:
         False, "recompute activations in the backward pass (less memory, more time)"
     )
     torch_threads: int | None = doc(None, "CPU threads for torch ops (None: torch's default)")
-    recompute_mlp: bool = doc(False, "recompute each MLP in the backward pass (same gradients)")
+    recompute: Literal["none", "mlp", "layers"] = doc(
+        "none",
+        "activations recomputed in the backward pass instead of kept, the same gradients "
+        "(loop/model/recompute.py): none | mlp (each MLP's) | layers (each decoder layer's; "
+        "the learner's shared prefix still runs once)",
+    )
     init_adapter: str | None = doc(None, "start from this PEFT LoRA adapter directory (LoRA only)")
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from loop.generators.hf.engine import DecoderEngine, Row
-from loop.generators.hf.pages import _LIBC, SlotMemory, trim_heap
+from loop.generators.hf.pages import _LIBC, SlotMemory
 from loop.model.policy import Policy
 
 MIB = 2**20

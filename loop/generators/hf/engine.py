@@ -175,7 +175,8 @@ class DecoderEngine:
     def remove(self, row: Row) -> Tensor:
         """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim).
         The last row moves into the freed slot; the pages no row uses any more go back."""
-        own = self.own_kv(row).clone()
+        own = self._outside(self.own_kv(row).shape)
+        own.copy_(self.own_kv(row))
         last = self.rows.pop()
         if last is not row:
             n = last.own_length
@@ -252,8 +253,13 @@ class DecoderEngine:
 
     def new_store(self, tokens: int) -> Tensor:
         """Empty keys and values for `tokens` tokens, outside the slots (see `prefill`)."""
-        shape = (len(self.layers), 2, self.kv_heads, tokens, self.head_dim)
-        return self.own.new_empty(shape)
+        return self._outside((len(self.layers), 2, self.kv_heads, tokens, self.head_dim))
+
+    def _outside(self, shape: tuple[int, ...]) -> Tensor:
+        """Keys and values outside the slots (a prompt's store, a leaving row's copy): on a CPU
+        their own map, unmapped when they are freed, so cache after cache of growing sizes
+        leaves no holes in the C heap that only a trim would give back (pages.py)."""
+        return SlotMemory(shape, self.own.dtype, self.own.device).tensor
 
     def decode(self, rows: list[Row], tokens: list[int]) -> Tensor:
         """Feed one token to each of `rows` (slots 0..B-1, in order); (B, vocab) float logits."""
