@@ -246,6 +246,7 @@ def _hf_generator(
         max_batch_size=settings.max_batch_size,
         kv_reuse=settings.kv_reuse,
         kv_cache_mb=settings.kv_cache_mb,
+        kv_rows_mb=settings.kv_rows_mb,
         torch_threads=settings.torch_threads,
         max_context_tokens=config.agent.max_context_tokens,
     )

@@ -246,6 +246,10 @@ def check_values(config: RunConfig) -> None:
         )
     if (kv_cache_mb := config.generator.kv_cache_mb) is not None and kv_cache_mb < 0:
         raise ConfigError(f"generator.kv_cache_mb: must be >= 0, got {kv_cache_mb}")
+    if (kv_rows_mb := config.generator.kv_rows_mb) is not None and kv_rows_mb <= 0:
+        raise ConfigError(
+            f"generator.kv_rows_mb: must be > 0 (or null: no bound), got {kv_rows_mb}"
+        )
     if config.train.keep_every < 0:
         raise ConfigError(f"train.keep_every: must be >= 0, got {config.train.keep_every}")
     if config.sandbox.pool_size < 0:

@@ -64,6 +64,7 @@ MOVED: dict[str, dict[str, str]] = {
         "horizon_step": "horizon.step",
         "horizon_every": "horizon.every",
     },
+    "model": {"recompute_mlp": "recompute (none | mlp | layers)"},
 }
 
 # Choices that were removed: {dotted key: {old value: the one-line error naming the replacement}}.

@@ -93,6 +93,12 @@ class GeneratorConfig:
         "hf: memory for cached prefixes and previous turns (LRU); None: a quarter of the GPU's "
         "free memory, 1024 on a CPU",
     )
+    kv_rows_mb: float | None = doc(
+        None,
+        "hf: the decoding rows' keys and values at most (a CPU: each row's prompt and "
+        "max_new_tokens; a GPU: max_batch_size rows at the longest's length); a request past "
+        "it waits for rows to end, one that cannot fit alone fails; None: no bound",
+    )
     torch_threads: int | None = doc(None, "hf: torch's CPU threads when sampling (None: as is)")
     gpu_memory_utilization: float = doc(0.4, "vllm_server: a server's share of (KV) memory")
     max_model_len: int = doc(8192, "vllm_server: longest sequence a server plans for")

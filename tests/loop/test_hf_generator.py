@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
+from loop.generators.hf.engine import Row
 from loop.generators.hf.generator import HFGenerator
 from loop.learner.logprobs import token_logprobs
 from loop.model.policy import LoraSettings, Policy, load_policy
@@ -212,6 +213,64 @@ async def test_slots_too_small_fail_the_joining_request_alone(tiny_policy, monke
     assert isinstance(results[1], GeneratorError) and "OutOfMemoryError" in str(results[1])
     assert [len(r.token_ids) for r in (results[0], results[2])] == [10, 10]
     await generator.close()
+
+
+async def test_a_row_that_needs_room_waits_and_then_finishes(tiny_policy: Policy) -> None:
+    """Under `kv_rows_mb`, a request whose row would take the rows' keys and values past it
+    waits for rows to leave (never fails for room), then finishes as it would have unbounded;
+    the room of a row that ends comes back, and one that could not fit alone is refused in
+    one line while the others are served."""
+    prompt_list = prompts(6)
+    free = HFGenerator(tiny_policy, max_batch_size=8, kv_cache_mb=0)
+    unbounded = await asyncio.gather(*(free.generate(p, GREEDY) for p in prompt_list))
+    await free.close()
+    generator = HFGenerator(tiny_policy, max_batch_size=8, kv_cache_mb=0)
+    engine = generator.engine
+    assert engine is not None
+    longest = len(prompt_list[-1]) + GREEDY.max_new_tokens
+    per_token = engine.kv_bytes(1)  # no rows yet: one token's keys and values
+    generator.kv_rows_bytes = 2 * longest * per_token  # room for two rows at most
+    rows_decoded: list[int] = []
+    decode = engine.decode
+
+    def counting(rows, tokens):
+        rows_decoded.append(len(rows))
+        assert engine.kv_bytes() <= 2 * longest * per_token
+        return decode(rows, tokens)
+
+    engine.decode = counting  # type: ignore[method-assign]
+    bounded = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompt_list))
+    assert [g.token_ids for g in bounded] == [g.token_ids for g in unbounded]
+    assert max(rows_decoded) < len(prompt_list) and generator.waits >= 2
+    assert engine.kv_bytes() == 0 and not engine.rows  # every row's room came back
+    too_long = SamplingParams(max_new_tokens=3 * longest, temperature=0.0)
+    results = await asyncio.gather(
+        generator.generate(prompt_list[0], too_long),
+        generator.generate(prompt_list[1], GREEDY),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], GeneratorError)
+    assert "over generator.kv_rows_mb" in str(results[0]) and "\n" not in str(results[0])
+    assert isinstance(results[1], Generation)
+    assert results[1].token_ids == unbounded[1].token_ids
+    await generator.close()
+
+
+def test_the_rows_room_is_what_the_slots_hold(tiny_policy: Policy) -> None:
+    """`kv_bytes`: on a CPU (paged slots) the rows' reserved tokens; elsewhere the slots as
+    allocated, every row at the longest row's capacity."""
+    generator = HFGenerator(tiny_policy, max_batch_size=4)
+    engine = generator.engine
+    assert engine is not None
+    per_token = engine.kv_bytes(1)
+    config = tiny_policy.model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert per_token == config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 4
+    engine.rows.extend([Row(ids=[], reserved=30), Row(ids=[], reserved=100)])
+    assert engine.kv_bytes(10) == 140 * per_token
+    engine.slots.paged = False  # as on a GPU: max_rows x the capacity reserve() would grow to
+    assert engine.kv_bytes(100) == 4 * 128 * per_token  # 100 tokens: a multiple of 64
+    engine.rows.clear()
 
 
 async def test_slots_are_freed_when_no_row_is_active(tiny_policy: Policy) -> None:

@@ -85,6 +85,7 @@ class Row:
     entry: PrefixEntry | None = None
     n_prefix: int = 0
     slot: int = -1
+    reserved: int = 0  # own tokens the row may come to hold (its prompt's and max_new_tokens)
 
     @property
     def own_length(self) -> int:
@@ -350,23 +351,39 @@ class DecoderEngine:
         x = x + self.fused[index].o(merged)[0]
         return x + self.fused[index].mlp(layer.post_attention_layernorm(x))
 
+    def kv_bytes(self, joining: int = 0) -> int:
+        """The bytes of keys and values the rows may come to hold, with one more row of
+        `joining` own tokens: on a CPU (slots paged in by need) each row's `reserved` tokens;
+        elsewhere the slots as allocated, every row at the capacity (`reserve`'s growth)."""
+        per_token = len(self.layers) * 2 * self.kv_heads * self.head_dim * self.own.element_size()
+        if self.slots.paged:
+            return per_token * (sum(row.reserved for row in self.rows) + joining)
+        return per_token * self.max_rows * self._capacity_for(joining)
+
     def reserve(self, length: int) -> None:
         """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
         multiple of `CAPACITY_STEP` (at most `max_tokens` unless `length` asks more), copying
         each active row's own tokens once; a failed growth leaves the slots unchanged."""
-        capacity = self.own.shape[4]
-        if length <= capacity:
+        if length <= self.own.shape[4]:
             return
-        wanted = max(length, capacity + capacity // 4)
         shape = list(self.own.shape)
-        shape[4] = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
-        if self.max_tokens is not None:  # room past the cap would never be used
-            shape[4] = max(length, min(shape[4], self.max_tokens))
+        shape[4] = self._capacity_for(length)
         grown = SlotMemory(tuple(shape), self.own.dtype, self.own.device)
         for row in self.rows:  # only what rows hold: the rest of the slots stays unwritten
             n = row.own_length
             grown.tensor[row.slot, :, :, :, :n] = self.own[row.slot, :, :, :, :n]
         self.slots, self.own = grown, grown.tensor
+
+    def _capacity_for(self, length: int) -> int:
+        """The slots' token capacity once `reserve(length)` has run."""
+        capacity = self.own.shape[4]
+        if length <= capacity:
+            return capacity
+        wanted = max(length, capacity + capacity // 4)
+        grown = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
+        if self.max_tokens is not None:  # room past the cap would never be used
+            grown = max(length, min(grown, self.max_tokens))
+        return grown
 
     def _slots(self, capacity: int) -> SlotMemory:
         shape = (self.max_rows, len(self.layers), 2, self.kv_heads, capacity, self.head_dim)

@@ -49,6 +49,7 @@ restored afterwards.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import queue
 import threading
@@ -100,6 +101,7 @@ class HFGenerator:
         max_batch_size: int = 8,
         kv_reuse: bool = True,
         kv_cache_mb: float | None = None,
+        kv_rows_mb: float | None = None,
         torch_threads: int | None = None,
         max_context_tokens: int | None = None,
         batch_wait_s: float = 0.01,
@@ -111,12 +113,14 @@ class HFGenerator:
             max_batch_size < 1
             or batch_wait_s < 0
             or kv_cache_mb < 0
+            or (kv_rows_mb is not None and kv_rows_mb <= 0)
             or (torch_threads or 1) < 1
             or (max_context_tokens or 2) < 2
         ):
             raise ValueError(
                 f"bad hf generator settings: max_batch_size={max_batch_size}, "
-                f"kv_cache_mb={kv_cache_mb}, torch_threads={torch_threads}, "
+                f"kv_cache_mb={kv_cache_mb}, kv_rows_mb={kv_rows_mb}, "
+                f"torch_threads={torch_threads}, "
                 f"batch_wait_s={batch_wait_s}, max_context_tokens={max_context_tokens}"
             )
         self.policy = policy
@@ -130,6 +134,9 @@ class HFGenerator:
         self.tokens_generated = 0
         self.work = EngineWork()
         self.cache = KVStore(int(kv_cache_mb * 2**20))
+        # the rows' keys and values at most (DecoderEngine.kv_bytes); None: no bound
+        self.kv_rows_bytes = None if kv_rows_mb is None else int(kv_rows_mb * 2**20)
+        self.waits = 0  # requests that waited for room (kv_rows_mb)
         self.engine = (
             DecoderEngine(policy.model, max_rows=max_batch_size, max_tokens=max_context_tokens)
             if kv_reuse and supports(policy.model)
@@ -139,6 +146,7 @@ class HFGenerator:
         self._pad_id = _pad_token_id(policy)
         self._model_lock = threading.Lock()  # one user of the weights at a time (load_adapter)
         self._inbox: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._waiting: collections.deque[Request] = collections.deque()  # first in, first out
         self._active: list[Active] = []
         self._outbox: list[tuple[Request, Generation | Exception]] = []  # delivered after a step
         self._fingerprint: tuple[tuple[int, int], ...] | None = None
@@ -232,7 +240,8 @@ class HFGenerator:
     def _fail_in_flight(self, requests: list[Request], message: str) -> None:
         """`requests` and every active row get a `GeneratorError`; all row slots are freed."""
         error = GeneratorError(message)
-        for request in [*requests, *(active.request for active in self._active)]:
+        waiting, self._waiting = list(self._waiting), collections.deque()
+        for request in [*requests, *waiting, *(active.request for active in self._active)]:
             deliver(request, error)
         self._active = []
         if self.engine is not None:
@@ -243,6 +252,10 @@ class HFGenerator:
         """Up to `limit` queued requests: waiting for the first when `block`, and on the static
         path up to `batch_wait_s` for more."""
         taken: list[Request] = []
+        while self._waiting and len(taken) < limit:  # those waiting for room go first
+            waiting = self._waiting.popleft()
+            if not waiting.future.done():  # not cancelled meanwhile
+                taken.append(waiting)
         deadline = time.monotonic() + self.batch_wait_s
         while len(taken) < limit:
             wait = deadline - time.monotonic() if self.engine is None else 0.0
@@ -270,7 +283,15 @@ class HFGenerator:
         try:  # the listing is taken under the lock (`with A, B` enters A before evaluating B)
             with self._model_lock, sampling_mode(self._current_listing(), self.torch_threads):
                 self._sync_weights()
-                placed = [self._admit(request) for request in joining]
+                placed = []
+                for request in joining:  # once one waits for room, those after it wait too
+                    room = "wait" if self._waiting else self._room(request)
+                    if room == "wait":
+                        self.waits += not request.waited
+                        request.waited = True
+                        self._waiting.append(request)
+                    elif room == "yes":
+                        placed.append(self._admit(request))
                 self._prefill_joined([entry for entry in placed if entry is not None])
                 for active in [a for a in self._active if a.request.future.done()]:  # cancelled
                     self._leave(active, retain=False)
@@ -307,6 +328,28 @@ class HFGenerator:
                 self.engine.prefill(row, ids)
         self._fingerprint = fingerprint
 
+    def _room(self, request: Request) -> str:
+        """"yes" when the rows' keys and values stay within `kv_rows_bytes` with `request`'s
+        row (its prompt tokens past what the store covers, and `max_new_tokens`); "wait" while
+        other rows hold the room; "never" when it would not fit with no other row (its error
+        is delivered)."""
+        if self.kv_rows_bytes is None or self.engine is None:
+            return "yes"
+        prompt = request.prompt_token_ids
+        need = len(prompt) - self.cache.match(prompt, take=False).n_prefix
+        need += request.params.max_new_tokens
+        if self.engine.kv_bytes(need) <= self.kv_rows_bytes:
+            return "yes"
+        if self.engine.rows:
+            return "wait"
+        error = GeneratorError(
+            f"a request of {len(prompt)} prompt tokens and max_new_tokens="
+            f"{request.params.max_new_tokens} needs {self.engine.kv_bytes(need) / 2**20:.0f} MiB "
+            f"of keys and values alone, over generator.kv_rows_mb={self.kv_rows_bytes / 2**20:g}"
+        )
+        self._outbox.append((request, error))
+        return "never"
+
     def _admit(self, request: Request) -> tuple[Active, list[int]] | None:
         """Give a request a row: reuse what the store has; the ids left to prefill.
 
@@ -330,15 +373,18 @@ class HFGenerator:
         new_tokens = request.params.max_new_tokens
         try:
             if not shared:
-                self.engine.reserve(len(prompt) - row.n_prefix + new_tokens)
+                row.reserved = len(prompt) - row.n_prefix + new_tokens
+                self.engine.reserve(row.reserved)
                 self.engine.add(row, match.own)
                 return active, prompt[match.reused :]
             store = self.engine.new_store(len(prompt) - match.reused)
             started = time.perf_counter()
             logits = self.engine.prefill(row, prompt[match.reused :], store=store)
             self._count_prefill(started, len(prompt) - match.reused)
-            self.engine.add(row, self._share_prompt(row, store))
-            self.engine.reserve(row.own_length + new_tokens)
+            own = self._share_prompt(row, store)
+            row.reserved = (0 if own is None else own.shape[3]) + new_tokens
+            self.engine.add(row, own)
+            self.engine.reserve(row.reserved)
         except Exception as exc:
             self._refuse(active, exc)
             return None

@@ -106,8 +106,9 @@ class KVStore:
         """Bytes held by entries and retained caches (active rows are the engine's)."""
         return sum(e.nbytes for e in self.entries) + sum(r.nbytes for r in self.retained)
 
-    def match(self, prompt: list[int]) -> Match:
-        """The cached KV covering most of `prompt[:-1]`; a retained cache used is taken out."""
+    def match(self, prompt: list[int], *, take: bool = True) -> Match:
+        """The cached KV covering most of `prompt[:-1]`; a retained cache used is taken out
+        (`take=False`: a look only, nothing taken, touched or counted)."""
         limit = len(prompt) - 1
         best, best_reused, taken = NO_MATCH, 0, None
         for retained in self.retained:
@@ -120,6 +121,8 @@ class KVStore:
             n = min(common_prefix_length(prompt, entry.ids), limit)
             if n > best_reused:
                 best, best_reused, taken = Match(entry, n, None, False), n, None
+        if not take:
+            return best
         if taken is not None:  # a rollout's cache continues in exactly one request
             self.retained.remove(taken)
         self._touch(best.entry)

@@ -35,7 +35,8 @@ class SlotMemory:
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         self._map: mmap.mmap | None = None
-        if device.type != "cpu" or not nbytes or not hasattr(mmap, "MAP_PRIVATE"):
+        self.paged = device.type == "cpu" and hasattr(mmap, "MAP_PRIVATE")  # memory by need
+        if not self.paged or not nbytes:
             self.tensor = torch.zeros(shape, dtype=dtype, device=device)
             return
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS

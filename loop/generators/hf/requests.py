@@ -24,6 +24,7 @@ class Request:
     params: SamplingParams
     future: asyncio.Future[Generation]
     loop: asyncio.AbstractEventLoop
+    waited: bool = False  # it waited for room for its keys and values (kv_rows_mb)
 
 
 @dataclass(eq=False)
