@@ -329,7 +329,7 @@ class HFGenerator:
         self._fingerprint = fingerprint
 
     def _room(self, request: Request) -> str:
-        """"yes" when the rows' keys and values stay within `kv_rows_bytes` with `request`'s
+        """ "yes" when the rows' keys and values stay within `kv_rows_bytes` with `request`'s
         row (its prompt tokens past what the store covers, and `max_new_tokens`); "wait" while
         other rows hold the room; "never" when it would not fit with no other row (its error
         is delivered)."""
