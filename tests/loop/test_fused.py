@@ -109,6 +109,37 @@ def test_refresh_sees_an_optimizer_step_and_a_disabled_adapter_is_left_out(packe
         assert close(projections.mlp(x), layer.mlp(x))
 
 
+@pytest.mark.skipif(not can_pack(torch.ones(1)), reason="oneDNN's packed float32 products")
+def test_a_dropped_plain_weight_comes_back_exactly_and_the_packed_copy_serves_meanwhile() -> None:
+    """`drop`: the packed copy serves the products and the plain weight's pages go back (it
+    reads zeros); `unpack`, `refresh`, a call of one of the group's modules, or a second
+    engine's projections of the same weights bring its values back exactly."""
+    model = lora_model("llama")
+    layer = model.base_model.model.model.layers[0]
+    projections = LayerProjections(layer, packed=True)
+    group = projections.gate_up
+    assert group.weight is not None
+    kept, x = group.weight.clone(), torch.randn(2, 3, 64)
+    with torch.no_grad():
+        before = projections.mlp(x)
+        projections.drop()
+        assert group.dropped and not group.weight.any()  # its pages went back: zeros
+        assert torch.equal(projections.mlp(x), before)  # the packed copy serves
+        projections.unpack()
+    assert not group.dropped and torch.equal(group.weight, kept)
+    for restore in (
+        lambda: projections.refresh(),
+        lambda: layer.mlp.gate_proj(x),  # the learner's forward: a forward pre-hook
+        lambda: LayerProjections(layer, packed=True),  # another engine's copy of the weights
+    ):
+        with torch.no_grad():
+            projections.mlp(x)  # packed again
+            projections.drop()
+            restore()
+        assert not group.dropped and torch.equal(group.weight, kept)
+    assert_groups_equal_modules(layer, projections)
+
+
 def test_groups_that_do_not_qualify_call_their_modules() -> None:
     model = tiny_llama().eval().requires_grad_(False)
     layer = model.model.layers[0]
@@ -155,44 +186,40 @@ def test_bfloat16_groups_pack_where_the_cpu_multiplies_bfloat16_natively() -> No
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_the_engine_lets_the_model_files_mapping_go() -> None:
     """Loaded from its file, the model's tensors view a mapping of it; once the engine has
-    fused the projections, no parameter views the file and its pages are no longer resident,
-    and the model computes what it computed before."""
+    fused the projections, no parameter views the file and that mapping's pages are no longer
+    resident, and the model computes what it computed before."""
     policy = load_policy("smollm2-135m", lora=LoraSettings(rank=4, alpha=8))
     model = policy.model.eval()
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         before = model(ids).logits
-    assert file_mapped(model), "the model is expected to be loaded from a mapping of its file"
+    spans = {span for span in file_spans() if viewed(model, span)}
+    assert spans, "the model is expected to be loaded from a mapping of its file"
+    assert sum(file_spans()[span] for span in spans) > 400 * 2**20  # its pages resident
     DecoderEngine(model, max_rows=1)
-    assert not file_mapped(model)
-    assert resident_file_bytes(".safetensors") == 0
+    assert not any(viewed(model, span) for span in file_spans())
+    assert sum(file_spans().get(span, 0) for span in spans) == 0
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
 
 
-def file_mapped(model: torch.nn.Module) -> bool:
-    """Whether any parameter's data lies inside a mapping of a `.safetensors` file."""
-    spans = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if line.rstrip().endswith(".safetensors"):
-                start, end = (int(x, 16) for x in line.split()[0].split("-"))
-                spans.append((start, end))
-    return any(
-        start <= parameter.data_ptr() < end
-        for parameter in model.parameters()
-        for start, end in spans
-    )
-
-
-def resident_file_bytes(suffix: str) -> int:
-    """Resident bytes of this process's mappings of files named `*suffix`."""
-    total, inside = 0, False
+def file_spans() -> dict[tuple[int, int], int]:
+    """This process's mappings of `.safetensors` files: (start, end) -> resident bytes."""
+    spans: dict[tuple[int, int], int] = {}
+    span = None
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             first = line.split(maxsplit=1)[0]
             if "-" in first and ":" not in first:  # a mapping's header line
-                inside = line.rstrip().endswith(suffix)
-            elif inside and first == "Rss:":
-                total += int(line.split()[1]) * 1024
-    return total
+                start, end = (int(x, 16) for x in first.split("-"))
+                span = (start, end) if line.rstrip().endswith(".safetensors") else None
+                if span is not None:
+                    spans[span] = 0
+            elif span is not None and first == "Rss:":
+                spans[span] += int(line.split()[1]) * 1024
+    return spans
+
+
+def viewed(model: torch.nn.Module, span: tuple[int, int]) -> bool:
+    """Whether any parameter's data lies inside `span`."""
+    return any(span[0] <= parameter.data_ptr() < span[1] for parameter in model.parameters())

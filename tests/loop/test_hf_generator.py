@@ -17,10 +17,11 @@ import torch
 
 from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
 from loop.generators.hf.engine import Row
+from loop.generators.hf.fused import can_pack
 from loop.generators.hf.generator import HFGenerator
 from loop.learner.logprobs import token_logprobs
-from loop.model.policy import LoraSettings, Policy, load_policy
-from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids
+from loop.model.policy import LoraSettings, Policy, load_policy, policy_from_model
+from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids, tiny_llama, tiny_tokenizer
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 
@@ -432,6 +433,36 @@ async def test_release_memory_frees_the_store_and_the_slots_and_sampling_goes_on
     assert generator.engine.nbytes == 0
     again = await generator.generate(prompts(3)[1], GREEDY)
     assert again.token_ids == first[1].token_ids
+    await generator.close()
+
+
+async def test_while_sampling_the_frozen_weights_are_held_once() -> None:
+    """On a CPU with packed products the plain fused weights are dropped while sampling (their
+    pages back, the packed copies serve): the weights' fingerprint stays what it was, so the
+    burst refreshes once, not every step; `release_memory` brings them back for the
+    learner, whose forward then computes what it did before sampling."""
+    policy = policy_from_model(
+        tiny_llama(), tiny_tokenizer(), torch.device("cpu"), lora=LoraSettings(rank=4, alpha=8)
+    )
+    generator = HFGenerator(policy, max_batch_size=4)
+    engine = generator.engine
+    assert engine is not None and engine.fused is not None
+    group = engine.fused[0].gate_up
+    assert group.memory is not None and group.weight is not None
+    if not (group.memory.paged and can_pack(group.weight)):
+        pytest.skip("no oneDNN packed products on this machine: nothing is dropped")
+    ids = torch.tensor([prompts(1)[0]])
+    with torch.no_grad():
+        before = policy.model(ids).logits
+    refreshes = []
+    refresh = engine.refresh
+    engine.refresh = lambda: (refreshes.append(1), refresh())[1]  # type: ignore[method-assign]
+    await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompts(3)))
+    assert len(refreshes) == 1 and group.dropped
+    generator.release_memory()
+    assert not group.dropped
+    with torch.no_grad():
+        assert torch.equal(policy.model(ids).logits, before)
     await generator.close()
 
 

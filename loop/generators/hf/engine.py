@@ -144,6 +144,13 @@ class DecoderEngine:
         for projections in self.fused or ():
             projections.refresh()
 
+    def drop(self) -> None:
+        """Pack every fused group now and give its plain weight's pages back (on a CPU while
+        sampling: one copy of the frozen weights; fused.Projection.drop). `unpack` and any
+        call of the model's modules bring them back."""
+        for projections in self.fused or ():
+            projections.drop()
+
     def unpack(self) -> None:
         """Drop the packed weight copies (made again on first use; see loop/generators/
         fused.py)."""

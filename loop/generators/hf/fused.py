@@ -35,10 +35,14 @@ active adapter and no DoRA, bias on B or merged weights (a 4-bit base, for one),
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from loop.generators.hf.pages import SlotMemory
 
 # The row count oneDNN's packed layout is chosen for: a decode step's batch (any count runs).
 PACK_ROWS = 24
@@ -77,12 +81,15 @@ class Projection:
         self.sizes = [_base(m).out_features for m in modules] if _fusable(modules) else []
         self.lora = [m for m in modules if hasattr(m, "lora_A")]
         self.weight: Tensor | None = None  # (sum(sizes) + sum(ranks), in)
+        self.memory: SlotMemory | None = None  # the weight's memory (its pages can go back)
+        self.dropped = False  # the weight's pages given back, the packed copy its values
         self.lora_b: Tensor | None = None  # (sum(sizes), sum(ranks)), scaled
         self.bias: Tensor | None = None  # (sum(sizes),) or None
         self.refresh()
 
     def refresh(self) -> None:
         """Copy into the fused tensors what may have changed (see the module docstring)."""
+        self.restore()
         self.packed = None  # packed again on first use
         if not self.sizes or any(m.merged for m in self.lora):
             self.weight = None  # merged weights already hold the LoRA update: use the modules
@@ -90,10 +97,19 @@ class Projection:
         bases = [_base(m).weight for m in self.modules]
         n, ranks = sum(self.sizes), [_adapter(m)[0].weight.shape[0] for m in self.lora]
         if self.weight is None:
-            self.weight = bases[0].new_empty((n + sum(ranks), bases[0].shape[1]))
+            shape = (n + sum(ranks), bases[0].shape[1])
+            self.memory = SlotMemory(shape, bases[0].dtype, bases[0].device)
+            self.weight = self.memory.tensor
+            if self.memory.paged:  # a module called while the weight is dropped: restored
+                restore = functools.partial(_restore, weakref.ref(self))
+                for module in self.modules:
+                    hook = _base(module).register_forward_pre_hook(restore)
+                    weakref.finalize(self, hook.remove)
             self.lora_b = bases[0].new_zeros((n, sum(ranks))) if self.lora else None
         start, rank_start = 0, n
         for module, weight in zip(self.modules, bases, strict=True):
+            if (owner := _DROPPED.get(weight.untyped_storage().data_ptr())) is not None:
+                owner.restore()  # the weight of another engine's group, dropped: its values
             rows = self.weight[start : start + weight.shape[0]]
             if weight.data_ptr() != rows.data_ptr():
                 rows.copy_(weight.detach())
@@ -138,8 +154,33 @@ class Projection:
             out = out + self.bias
         return list(out.split(self.sizes, dim=-1))
 
+    def drop(self) -> None:
+        """Pack now, and give the plain weight's pages back while the packed copy serves the
+        products (sampling): one copy of the frozen weights in memory, not two. The plain
+        weight reads zeros until `restore`, which `refresh`, `unpack` and a call of any of the
+        group's modules (the learner's forward) run first."""
+        if self.weight is None or self.memory is None or not self.memory.paged:
+            return
+        if not (self.packs and can_pack(self.weight)):
+            return
+        if self.packed is None:
+            self.packed = pack(self.weight)
+        self.memory.give_back(self.weight)
+        self.dropped = True
+        _DROPPED[self.weight.untyped_storage().data_ptr()] = self
+
+    def restore(self) -> None:
+        """The plain weight's values back from the packed copy (exactly: a change of layout)."""
+        if not self.dropped:
+            return
+        assert self.weight is not None and self.packed is not None
+        self.weight.copy_(self.packed.to_dense())
+        self.dropped = False
+        _DROPPED.pop(self.weight.untyped_storage().data_ptr(), None)
+
     def unpack(self) -> None:
-        """Drop the packed copy (made again on first use)."""
+        """Drop the packed copy (made again on first use), the plain weight restored first."""
+        self.restore()
         self.packed = None
 
 
@@ -165,6 +206,10 @@ class LayerProjections:
     def unpack(self) -> None:
         for group in self.groups:
             group.unpack()
+
+    def drop(self) -> None:
+        for group in self.groups:
+            group.drop()
 
     def mlp(self, x: Tensor) -> Tensor:
         """The gated MLP: down(act(gate(x)) * up(x))."""
@@ -225,6 +270,16 @@ class Head:
 
     def unpack(self) -> None:
         self.packed = None
+
+
+# The groups whose plain weight is dropped, by the weight's storage address (see `drop`).
+_DROPPED: weakref.WeakValueDictionary[int, Projection] = weakref.WeakValueDictionary()
+
+
+def _restore(group: weakref.ref[Projection], *_: Any) -> None:
+    """A forward pre-hook of a group's modules: the group's plain weight back first."""
+    if (alive := group()) is not None:
+        alive.restore()
 
 
 def _base(module: Any) -> Any:

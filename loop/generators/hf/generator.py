@@ -319,6 +319,7 @@ class HFGenerator:
         if fingerprint == self._fingerprint:
             return
         self.engine.refresh()  # the fused projections re-read the weights (may rebind views)
+        self.engine.drop()  # packed now, the plain copies' pages back until release_memory
         fingerprint = listing.fingerprint()
         if self._fingerprint is not None:
             self.cache.invalidate()

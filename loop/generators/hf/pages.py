@@ -48,7 +48,8 @@ class SlotMemory:
 
     def give_back(self, part: Tensor) -> None:
         """Return the whole pages inside `part` (a contiguous piece of `tensor`) to the OS;
-        they read as zeros afterwards. The partial pages at its ends are kept."""
+        they read as zeros afterwards. The partial pages at its ends are kept (but the map's
+        last page, which holds nothing past the tensor)."""
         if self._map is None or not hasattr(mmap, "MADV_DONTNEED") or not part.numel():
             return
         assert part.is_contiguous(), f"give_back needs a contiguous part, got {part.stride()}"
@@ -56,6 +57,8 @@ class SlotMemory:
         end = start + part.numel() * part.element_size()
         first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
         last = end // mmap.PAGESIZE * mmap.PAGESIZE
+        if end == self.tensor.numel() * self.tensor.element_size():  # the map's last page
+            last = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE  # holds nothing past the tensor
         if last > first:
             self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
 
