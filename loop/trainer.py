@@ -168,10 +168,11 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         no_signal_draw_prob=cfg.no_signal_draw_prob, stratify=cfg.stratify,
     )  # fmt: skip
     learner = build_learner(config, parts.policy, run)
-    start, saved = resume(run, parts.policy, learner, sampler)
+    buffer = PairBuffer(cfg.preference.buffer_size, config.seed)  # DPO-MCTS's, kept throughout
+    start, saved = resume(run, parts.policy, learner, sampler, buffer)
     if start > 0:
         sync_weights(parts, run, start - 1)
-    ahead = collect_ahead(config, parts, start, saved, show_progress)
+    ahead = collect_ahead(config, parts, start, saved, buffer, show_progress)
     draw = functools.partial(sampler.draw, cfg.tasks_per_iteration)
     runlog = open_run(config, run, start) if distributed.is_main() else None
     if cfg.stress_test and start == 0:
@@ -236,7 +237,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
                 runlog, config, run, iteration, metrics, groups, update.credit, kept, samples
             )
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
-            save(run, iteration + 1, parts.policy, learner, sampler, ahead, cfg)
+            save(run, iteration + 1, parts.policy, learner, sampler, ahead, buffer, cfg)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
     return await finish(config, parts, run, start, metrics, runlog, show_progress)
 
@@ -323,7 +324,7 @@ def horizon(iteration: int, cfg: TrainConfig, max_turns: int) -> int:
 
 
 def resume(
-    run: RunDir, policy: Policy, learner: Learner, sampler: TaskSampler
+    run: RunDir, policy: Policy, learner: Learner, sampler: TaskSampler, buffer: PairBuffer
 ) -> tuple[int, dict[int, list[Task]]]:
     """Load the newest complete checkpoint, if any; returns the iteration to start from and
     the tasks of the iterations it had dispatched ahead (loop/rollout/ahead.py: re-collected).
@@ -337,6 +338,8 @@ def resume(
     checkpoint.load_weights(policy.model, latest)
     learner.load_state_dict(state["learner"])
     sampler.load_state_dict(state["sampler"])
+    if "pairs" in state:  # DPO-MCTS's replay buffer
+        buffer.load_state_dict(state["pairs"])
     checkpoint.restore_rng(state["rng"])
     print(f"resuming from {latest} (iteration {state['iteration']})", file=sys.stderr)
     by_id = {task.id: task for task in sampler.tasks}
@@ -346,7 +349,7 @@ def resume(
 
 def collect_ahead(
     config: RunConfig, parts: TrainParts, start: int, saved: dict[int, list[Task]],
-    show_progress: bool,
+    buffer: PairBuffer, show_progress: bool,
 ) -> AheadCollector:  # fmt: skip
     """Steps 1-2 and 3b: the iterations' collections, each group pinned to the version
     published when it starts (named to the generator only when collecting ahead)."""
@@ -355,8 +358,6 @@ def collect_ahead(
     def pin() -> VersionPin:
         pinned = parts.generator.version if cfg.overlap.max_staleness else None
         return VersionPin(ahead.published, pinned)
-
-    buffer = PairBuffer(cfg.preference.buffer_size, config.seed)  # DPO-MCTS's, kept throughout
 
     async def collect(iteration: int, tasks: list[Task]) -> Collected:
         max_turns = horizon(iteration, cfg, config.agent.max_turns)  # the turn limit then
@@ -481,13 +482,13 @@ def record_iteration(
 
 def save(
     run: RunDir, iteration: int, policy: Policy, learner: Learner, sampler: TaskSampler,
-    ahead: AheadCollector, cfg: TrainConfig,
+    ahead: AheadCollector, buffer: PairBuffer, cfg: TrainConfig,
 ) -> None:  # fmt: skip
     """An atomic checkpoint after `iteration` completed iterations (collective; rank 0 writes),
     with the tasks of the iterations dispatched ahead (re-collected on resume)."""
     state = {
         "learner": learner.state_dict(), "sampler": sampler.state_dict(),
-        "ahead": ahead.pending_tasks(),
+        "ahead": ahead.pending_tasks(), "pairs": buffer.state_dict(),
     }  # fmt: skip
     keep = cfg.keep_checkpoints, cfg.keep_every  # the last n, and every k-th
     checkpoint.save_checkpoint(run.checkpoints, iteration, policy.model, state, *keep)

@@ -22,9 +22,10 @@ Pairs: the siblings whose Q gap exceeds `train.preference.margin` (`sibling_pair
 one-turn `Trajectory`s each: the node's prompt (never trained) and the candidate's sampled ids
 (the only output), with the candidate's Q as their reward, so the trainer's preference credit
 (+1 / -1) and the DPO loss (DMPO's with one turn) train them unchanged. `PairBuffer` keeps the
-newest `buffer_size` pairs across iterations ([P]: a persistent offline replay buffer; kept in
-memory: a resumed run starts it empty) and each iteration trains on `pairs_per_iteration` of them
-drawn at random. The rollouts themselves are not trained on.
+newest `buffer_size` pairs across iterations ([P]: a persistent offline replay buffer; saved
+with each checkpoint, so a resumed run draws from the pairs and the random state it had) and
+each iteration trains on `pairs_per_iteration` of them drawn at random. The rollouts
+themselves are not trained on.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from loop.algo.mcts import Tree, backup, select, sibling_pairs
 from loop.config import AgentConfig, RunConfig
@@ -237,6 +238,15 @@ class PairBuffer:
     def draw(self, count: int) -> list[list[Trajectory]]:
         """`count` pairs at random without replacement (all of them when fewer)."""
         return self.rng.sample(self.pairs, min(count, len(self.pairs)))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pairs (as rollout records) and the draws' random state, for a checkpoint."""
+        pairs = [[member.to_json() for member in pair] for pair in self.pairs]
+        return {"pairs": pairs, "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pairs = [[Trajectory.from_json(m) for m in pair] for pair in state["pairs"]]
+        self.rng.setstate(state["rng"])
 
 
 class SearchParts(Protocol):

@@ -242,10 +242,24 @@ trainer.train(config, parts, show_progress=False)
 """
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path: Path) -> None:
+DPO_MCTS = [
+    "train.advantage=preference", "train.loss=dpo", "train.strictly_on_policy=true",
+    "train.epochs=1", "train.preference.search_iterations=3", "train.tasks_per_iteration=2",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"), [("loop", []), ("dpo-mcts", DPO_MCTS)], ids=["loop", "dpo-mcts"]
+)
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
+    tmp_path: Path, method: str, extra: list[str]
+) -> None:
+    """Killed after a checkpoint and run again, a run ends as it would have: the same records
+    and weights (DPO-MCTS: its replay buffer of pairs and their draws come back too)."""
     script = tmp_path / "run.py"
     script.write_text(RESUME_SCRIPT.format(root=str(ROOT)))
     args = [*SYNTHETIC, "train.iterations=4", "train.deterministic=true", "train.max_seq_len=4000"]
+    args += extra
 
     def run(name: str, kill_at: int | None = None) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, KILL_AT=str(kill_at if kill_at is not None else -1))
@@ -268,6 +282,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tmp_path: Path) -
         return [json.loads(line) for line in lines]
 
     keys = ["rollout/reward_mean", "loss/policy", "loss/grad_norm", "loss/kl_k1", "rollout/kept"]
+    keys += ["search/buffer_pairs", "search/return_mean"] if method == "dpo-mcts" else []
     a, b = records("straight"), records("resumed")
     assert [r["iteration"] for r in b] == [0, 1, 2, 3]
     for ra, rb in zip(a, b, strict=True):
