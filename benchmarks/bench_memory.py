@@ -32,8 +32,48 @@ GB = 1e9
 MIB = 2**20
 
 
-def watch(command: list[str], interval: float, out: Path | None, mark: str) -> int:
-    """Run `command`, sample its RSS; print the peak and the peak per marked stretch."""
+# What a process's resident pages are, by its mappings (`/proc/PID/smaps`): glibc's main heap,
+# the anonymous maps (large allocations, other threads' heaps of 64 MiB, the engine's paged
+# slots), mapped files (the model's weights on a CPU, until the engine lets them go) and
+# shared libraries.
+KINDS = ("heap", "anon >= 64 MiB", "anon < 64 MiB", "model file", "libraries", "other")
+
+
+def resident_kinds(pid: int) -> dict[str, int]:
+    """The resident bytes of `pid`'s mappings by kind (KINDS); empty when it is gone."""
+    kinds = dict.fromkeys(KINDS, 0)
+    kind = "other"
+    try:
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                first = line.split(maxsplit=1)[0]
+                if "-" in first and ":" not in first:  # a mapping's header line
+                    kind = _kind(line)
+                elif first == "Rss:":
+                    kinds[kind] += int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    return kinds
+
+
+def _kind(header: str) -> str:
+    fields = header.split()
+    path = fields[5] if len(fields) > 5 else ""
+    start, end = (int(x, 16) for x in fields[0].split("-"))
+    if path == "[heap]":
+        return "heap"
+    if not path:
+        return "anon >= 64 MiB" if end - start >= 64 * MIB else "anon < 64 MiB"
+    if path.endswith((".safetensors", ".bin", ".gguf")):
+        return "model file"
+    return "libraries" if ".so" in path else "other"
+
+
+def watch(
+    command: list[str], interval: float, out: Path | None, mark: str, kinds_every: float = 0.0
+) -> int:
+    """Run `command`, sample its RSS (and every `kinds_every` seconds its resident pages by
+    kind, when > 0); print the peak and the peak per marked stretch."""
     started = time.monotonic()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
@@ -51,7 +91,13 @@ def watch(command: list[str], interval: float, out: Path | None, mark: str) -> i
     reader.start()
     root = psutil.Process(process.pid)
     samples: list[tuple[float, int, int]] = []  # (seconds, own RSS, descendants' RSS)
+    kinds: list[tuple[float, dict[str, int]]] = []  # (seconds, resident bytes by kind)
     while process.poll() is None:
+        if kinds_every > 0 and (
+            not kinds or time.monotonic() - started - kinds[-1][0] >= kinds_every
+        ):
+            if found := resident_kinds(process.pid):
+                kinds.append((time.monotonic() - started, found))
         try:
             own = root.memory_info().rss
             kids = 0
@@ -64,10 +110,16 @@ def watch(command: list[str], interval: float, out: Path | None, mark: str) -> i
         time.sleep(interval)
     reader.join(timeout=5)
     _report(samples, lines, re.compile(mark))
+    if kinds:
+        _report_kinds(kinds, lines, re.compile(mark))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         rows = [f"{t:.2f},{own},{kids}" for t, own, kids in samples]
         (out / "rss.csv").write_text("seconds,rss,descendants_rss\n" + "\n".join(rows) + "\n")
+        if kinds:
+            table = [f"{t:.1f}," + ",".join(str(k[n]) for n in KINDS) for t, k in kinds]
+            head = "seconds," + ",".join(KINDS)
+            (out / "kinds.csv").write_text(head + "\n" + "\n".join(table) + "\n")
         (out / "log.txt").write_text("".join(f"{t:8.1f} {line}\n" for t, line in lines))
     return process.returncode or 0
 
@@ -94,6 +146,21 @@ def _report(samples: list[tuple[float, int, int]], lines: list[tuple[float, str]
                 f"| {t0:.0f} | {line[:70]} | {max(s[1] for s in inside) / GB:.2f} | "
                 f"{inside[-1][1] / GB:.2f} |"
             )
+
+
+def _report_kinds(kinds: list[tuple[float, dict[str, int]]], lines, mark) -> None:
+    """Per marked stretch, the resident pages by kind at its largest sample."""
+    marks = [(t, line) for t, line in lines if mark.search(line)]
+    bounds = [(0.0, "(start)"), *marks]
+    print("\n| from (s) | stretch | " + " | ".join(KINDS) + " | all (GB) |")
+    print("|---" * (len(KINDS) + 3) + "|")
+    for i, (t0, line) in enumerate(bounds):
+        t1 = bounds[i + 1][0] if i + 1 < len(bounds) else float("inf")
+        inside = [k for t, k in kinds if t0 <= t < t1]
+        if inside:
+            top = max(inside, key=lambda k: sum(k.values()))
+            cells = " | ".join(f"{top[n] / GB:.2f}" for n in KINDS)
+            print(f"| {t0:.0f} | {line[:50]} | {cells} | {sum(top.values()) / GB:.2f} |")
 
 
 class PeakSampler:
@@ -234,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--interval", type=float, default=0.5)
     w.add_argument("--out", type=Path, default=None)
     w.add_argument("--mark", default=r"^(iteration|eval|warm start|learn|rollouts)")
+    w.add_argument(
+        "--kinds", type=float, default=0.0, metavar="SECONDS",
+        help="also sample the resident pages by kind (heap, anonymous maps, the model file, "
+        "libraries; /proc/PID/smaps) this often, into kinds.csv (0: not)",
+    )  # fmt: skip
     w.add_argument("command", nargs=argparse.REMAINDER)
     p = sub.add_parser("parts", help="measure the quickstart's parts in this process")
     p.add_argument("--tokens", type=int, default=1100, help="the learner's rollout length")
@@ -247,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.mode == "watch":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        return watch(command, args.interval, args.out, args.mark)
+        return watch(command, args.interval, args.out, args.mark, args.kinds)
     return 0
 
 
