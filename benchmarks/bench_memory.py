@@ -8,7 +8,9 @@
 descendants': the sandboxes' kernels) every `--interval` seconds with psutil, and keeps the
 command's output with the second each line came. It prints the peak, the log line the peak
 came under, and the peak per stretch of the log (a stretch starts at each line matching
-`--mark`). `parts` builds the quickstart's policy and generator in this process and measures
+`--mark`); with `--kinds SECONDS`, also the resident pages by kind at each stretch's largest
+sample (glibc's heap, anonymous maps, the model file, libraries: `/proc/PID/smaps`, into
+`kinds.csv`). `parts` builds the quickstart's policy and generator in this process and measures
 each part's bytes (see `parts`' docstring). Both print one table; `--out` keeps the samples
 (`rss.csv`) and the timestamped log (`log.txt`).
 """
@@ -93,11 +95,10 @@ def watch(
     samples: list[tuple[float, int, int]] = []  # (seconds, own RSS, descendants' RSS)
     kinds: list[tuple[float, dict[str, int]]] = []  # (seconds, resident bytes by kind)
     while process.poll() is None:
-        if kinds_every > 0 and (
-            not kinds or time.monotonic() - started - kinds[-1][0] >= kinds_every
-        ):
-            if found := resident_kinds(process.pid):
-                kinds.append((time.monotonic() - started, found))
+        now = time.monotonic() - started
+        due = kinds_every > 0 and (not kinds or now - kinds[-1][0] >= kinds_every)
+        if due and (found := resident_kinds(process.pid)):
+            kinds.append((now, found))
         try:
             own = root.memory_info().rss
             kids = 0
