@@ -3,6 +3,7 @@
     python benchmarks/bench_memory.py watch --out runs/mem -- python train.py \
         --config configs/quickstart.yaml
     python benchmarks/bench_memory.py parts       # the engine's and the learner's parts
+    python benchmarks/bench_memory.py recompute   # model.recompute: kept bytes, step time
 
 `watch` starts the command, samples its process's resident set (and, apart, the sum of its
 descendants': the sandboxes' kernels) every `--interval` seconds with psutil, and keeps the
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as a script: this checkout
 
 GB = 1e9
 MIB = 2**20
@@ -295,6 +298,56 @@ def parts(tokens: int, outputs: int, rows: int, prefix: int, spread: tuple[int, 
         print(f"| {name} | {nbytes / MIB:,.0f} | {how} |")
 
 
+def recompute_kinds(tokens: int, outputs: int, repeats: int) -> None:
+    """`model.recompute` none / mlp / layers on SmolLM2-135M with LoRA r16 (1 thread): the
+    bytes one rollout keeps for its backward pass (counted) and the seconds of its forward and
+    backward (the kinds alternate, `repeats` rounds; the median)."""
+    import statistics
+
+    import torch
+
+    from loop.learner.logprobs import last_hidden_state, logprobs_from_hidden
+    from loop.model.policy import LoraSettings, load_policy
+    from loop.model.recompute import KINDS, recompute
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    models = {}
+    for kind in KINDS:  # one model each: the wrapping is per module
+        models[kind] = load_policy("smollm2-135m", lora=LoraSettings(rank=16, alpha=32)).model
+        recompute(models[kind], kind)
+        models[kind].train()
+    ids = torch.randint(0, 49152, (1, tokens))
+    is_output = torch.zeros(1, tokens, dtype=torch.bool)
+    is_output[:, -outputs:] = True
+
+    def step(model: Any) -> Any:
+        hidden = last_hidden_state(model, ids, None)
+        return logprobs_from_hidden(
+            model, hidden, ids, chunk_size=1024, temperature=1.0, positions=is_output
+        )
+
+    kept: dict[str, int] = {}
+    seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for kind, model in models.items():
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept[kind], logprobs = saved_bytes(lambda model=model: step(model), params)
+        logprobs.sum().backward()
+        model.zero_grad(set_to_none=True)
+    for _ in range(repeats):
+        for kind, model in models.items():
+            started = time.perf_counter()
+            step(model).sum().backward()
+            seconds[kind].append(time.perf_counter() - started)
+            model.zero_grad(set_to_none=True)
+    print(f"\n| model.recompute | kept, MiB ({tokens} ids) | step s (median) | x none |")
+    print("|---|---|---|---|")
+    base = statistics.median(seconds["none"])
+    for kind in KINDS:
+        median = statistics.median(seconds[kind])
+        print(f"| {kind} | {kept[kind] / MIB:,.0f} | {median:.2f} | {median / base:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -314,7 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=36, help="the engine's rows")
     p.add_argument("--prefix", type=int, default=430, help="the prefix entry they view")
     p.add_argument("--spread", type=int, nargs=2, default=(100, 1400), help="own tokens")
+    r = sub.add_parser("recompute", help="model.recompute's kinds: kept bytes and step time")
+    r.add_argument("--tokens", type=int, default=1100, help="the rollout's length")
+    r.add_argument("--outputs", type=int, default=400, help="its output ids")
+    r.add_argument("--repeats", type=int, default=5, help="timed rounds")
     args = parser.parse_args(argv)
+    if args.mode == "recompute":
+        recompute_kinds(args.tokens, args.outputs, args.repeats)
+        return 0
     if args.mode == "parts":
         parts(args.tokens, args.outputs, args.rows, args.prefix, tuple(args.spread))
         return 0
