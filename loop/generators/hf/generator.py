@@ -7,7 +7,9 @@ samples from the current learner weights (LoRA included).
 1. `generate` checks the prompt and hands the request to one worker thread (the event loop
    stays free); the result comes back to the caller's loop.
 2. Continuous batching: the worker keeps up to `max_batch_size` rows decoding. A finished row
-   leaves at once and a waiting request joins before the next decode step.
+   leaves at once and a waiting request joins before the next decode step. Under
+   `kv_rows_mb` a request joins only when the rows' keys and values stay within it
+   (`DecoderEngine.kv_bytes`); until then it waits, first in first out.
 3. KV reuse (`loop/generators/hf/kvcache.py`, `loop/generators/hf/engine.py`): a joining request
    reuses the keys and values earlier requests computed, valid for the current weights only: the
    longest shared prefix of any earlier first-turn prompt (the system message and worked example
