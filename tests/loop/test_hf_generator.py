@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import loop.generators.hf.generator as generator_module
 from loop.generators.base import Generation, Generator, GeneratorError, SamplingParams
 from loop.generators.hf.engine import Row
 from loop.generators.hf.fused import can_pack
-from loop.generators.hf.generator import HFGenerator
+from loop.generators.hf.generator import HFGenerator, pack_prefills
 from loop.learner.logprobs import token_logprobs
 from loop.model.policy import LoraSettings, Policy, load_policy, policy_from_model
 from tests.loop.conftest import TINY_VOCAB, chat_prompt_ids, tiny_llama, tiny_tokenizer
@@ -272,6 +273,45 @@ def test_the_rows_room_is_what_the_slots_hold(tiny_policy: Policy) -> None:
     engine.slots.paged = False  # as on a GPU: max_rows x the capacity reserve() would grow to
     assert engine.kv_bytes(100) == 4 * 128 * per_token  # 100 tokens: a multiple of 64
     engine.rows.clear()
+
+
+async def test_rows_joining_together_are_prefilled_in_bounded_packs(
+    tiny_policy: Policy, monkeypatch
+) -> None:
+    """Rows that join in one step share packed prefills of at most PACKED_PREFILL_IDS ids
+    (their activations bounded), and sample what one pack of all of them samples."""
+    shared = prompts(1, seed=5)[0] * 8  # 24 ids every prompt starts with: a prefix entry
+    prompt_list = [shared + tail[:4] for tail in prompts(7)[1:]]  # then 4 ids of their own
+
+    async def sample(generator: HFGenerator) -> list[Generation]:
+        await generator.generate(shared, GREEDY)  # the entry the others extend
+        return await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompt_list))
+
+    whole = HFGenerator(tiny_policy, max_batch_size=8)
+    one_pack = await sample(whole)
+    await whole.close()
+    monkeypatch.setattr(generator_module, "PACKED_PREFILL_IDS", 10)
+    generator = HFGenerator(tiny_policy, max_batch_size=8)
+    assert generator.engine is not None
+    packs: list[int] = []
+    prefill_rows = generator.engine.prefill_rows
+
+    def counting(rows, new_ids):
+        packs.append(sum(len(ids) for ids in new_ids))
+        return prefill_rows(rows, new_ids)
+
+    generator.engine.prefill_rows = counting  # type: ignore[method-assign]
+    bounded = await sample(generator)
+    assert packs and max(packs) <= 10  # how many join in one step is the worker's timing
+    assert [g.token_ids for g in bounded] == [g.token_ids for g in one_pack]
+    await generator.close()
+
+
+def test_packs_of_prefills_by_hand() -> None:
+    assert pack_prefills([4, 4, 4, 4, 4, 4], chunk=512, most=10) == [[0, 1], [2, 3], [4, 5]]
+    assert pack_prefills([3, 600, 9, 2, 10], chunk=512, most=12) == [[0, 2], [3, 4], [1]]
+    assert pack_prefills([20], chunk=512, most=10) == [[0]]  # one row past `most`: alone
+    assert pack_prefills([], chunk=512, most=10) == []
 
 
 async def test_slots_are_freed_when_no_row_is_active(tiny_policy: Policy) -> None:

@@ -87,6 +87,12 @@ SHARE_FRACTION = 0.5
 # 415 MiB at 8 rollouts and 852 at 32, benchmarks/README.md).
 KV_FREE_SHARE = 0.25
 CPU_KV_CACHE_MB = 1024.0
+# One packed prefill's ids at most: on a CPU 40 ids of a row already keep the cores busy, and on
+# an H100 32 rows x 40 ids ran 3.7x faster packed than one by one (benchmarks/README.md, "Rollouts
+# coming back together"), while its activations grow with the count: SmolLM2-135M's 36 rows
+# coming back with 300 ids each raised the RSS by 687 MiB packed whole, by 154 MiB in packs of
+# 2,048 ids (float32, 2 threads).
+PACKED_PREFILL_IDS = 2048
 
 
 class HFGenerator:
@@ -396,14 +402,13 @@ class HFGenerator:
 
     def _prefill_joined(self, placed: list[tuple[Active, list[int]]]) -> None:
         """Prefill the rows that joined this step and sample their first tokens: those whose new
-        ids fit one prefill chunk in one packed forward (`DecoderEngine.prefill_rows`), longer
-        ones alone in chunks. If the packed forward fails, each row is tried alone, so only a
-        row that fails alone gets an error."""
+        ids fit one prefill chunk in packed forwards of up to `PACKED_PREFILL_IDS` ids
+        (`DecoderEngine.prefill_rows`), longer ones alone in chunks. If a packed forward fails,
+        each of its rows is tried alone, so only a row that fails alone gets an error."""
         assert self.engine is not None
-        chunk = self.engine.prefill_chunk
-        short = [entry for entry in placed if len(entry[1]) <= chunk]
-        groups = [short] if len(short) > 1 else [[entry] for entry in short]
-        groups += [[entry] for entry in placed if len(entry[1]) > chunk]
+        sizes = [len(ids) for _, ids in placed]
+        packs = pack_prefills(sizes, self.engine.prefill_chunk, PACKED_PREFILL_IDS)
+        groups = [[placed[i] for i in pack] for pack in packs]
         while groups:
             group = groups.pop(0)
             actives = [active for active, _ in group]
@@ -532,6 +537,23 @@ class HFGenerator:
         self.requests_served += len(batch)
         self.tokens_generated += sum(len(g.token_ids) for g in generations)
         return generations
+
+
+def pack_prefills(sizes: list[int], chunk: int, most: int) -> list[list[int]]:
+    """The joining rows' prefills (each of `sizes[i]` new ids), as lists of row indices: rows
+    of at most `chunk` ids packed in order while a pack holds at most `most` ids, then each
+    longer row alone (prefilled in chunks)."""
+    packs: list[list[int]] = []
+    held = 0
+    for i, size in enumerate(sizes):
+        if size > chunk:
+            continue
+        if not packs or held + size > most:
+            packs.append([])
+            held = 0
+        packs[-1].append(i)
+        held += size
+    return packs + [[i] for i, size in enumerate(sizes) if size > chunk]
 
 
 def kv_cache_budget_mb(device: torch.device) -> float:
