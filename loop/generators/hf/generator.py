@@ -337,8 +337,10 @@ class HFGenerator:
             started = time.perf_counter()
             logits = self.engine.prefill(row, prompt[match.reused :], store=store)
             self._count_prefill(started, len(prompt) - match.reused)
-            self.engine.add(row, self._share_prompt(row, store))
+            own = self._share_prompt(row, store)
+            # room for all the row will hold before its keys go in: one growth, not two
             self.engine.reserve(row.own_length + new_tokens)
+            self.engine.add(row, own)
         except Exception as exc:
             self._refuse(active, exc)
             return None
