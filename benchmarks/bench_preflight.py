@@ -9,9 +9,10 @@ layers or full fine-tuning, one process) it traces the same step the preflight t
 (loop/preflight/trace.py: fake process group and tensors, FSDPMemTracker) and prints the traced
 peak beside the measured `torch.cuda.max_memory_allocated`, with their ratio. The margin the
 preflight adds for what the trace cannot see (loop/preflight/plan.py) is not included: the
-measurement does not see it either. Then the hf engine's rows (32 rows of 8,100 and 12,288
-tokens): their KV beside the resident weights (the arithmetic of `plan_hf_engine`) against the
-measured peak.
+measurement does not see it either. Then the hf engine's rows (32 rows of 8,100 + 32 and
+12,288 + 16 tokens): the engine's rule that `plan_hf_engine` uses (its slots, the largest
+transient, the resident weights) against the peak measured before a joining row reserved its
+prompt and new tokens at once (the old peak held two slot copies: benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loop.preflight.shapes import GIB, SHAPES, kv_bytes_per_token, parameter_count  # noqa: E402
+from loop.preflight.plan import hf_engine_memory  # noqa: E402
+from loop.preflight.shapes import GIB, SHAPES, parameter_count  # noqa: E402
 from loop.preflight.trace import TraceRequest, run_traces  # noqa: E402
 
 # (model, train, tokens) -> measured step peak GiB: benchmarks/README.md, "On a GPU" (an H200).
@@ -40,9 +42,9 @@ MEASURED = {
     ("Qwen/Qwen2.5-7B-Instruct", "full", 32768): 65.3,
     ("Qwen/Qwen2.5-32B-Instruct", "LoRA", 32768): 95.69,
 }
-# The hf engine's rows, measured (bench_gpu.py `engine`, `engine_long`): rows, prompt tokens ->
-# peak GiB (kv_cache_mb 1024 at 8,100 tokens; 0 at 12,288)
-ENGINE_MEASURED = {(32, 8100): 46.2, (32, 12288): 62.43}
+# The hf engine's rows, measured (bench_gpu.py `engine` run `slots`, `engine_long`; kv_cache_mb
+# 0): rows, prompt tokens, new tokens -> peak GiB
+ENGINE_MEASURED = {(32, 8100, 32): 46.2, (32, 12288, 16): 62.43}
 
 
 def main() -> None:
@@ -68,12 +70,18 @@ def main() -> None:
         print(f"| {name} | {train} | {tokens:,} | {measured or ''} | {traced:.1f} | {ratio} |")
     shape = SHAPES["tiny" if tiny else "Qwen/Qwen2.5-7B-Instruct"]
     weights = parameter_count(shape) * 2 / GIB  # bfloat16, as the plan counts
-    print("\n| hf engine rows | prompt tokens | KV GiB | KV + weights GiB | measured GiB | ratio |")
-    print("|---|---|---|---|---|---|")
-    for (count, tokens), measured in ENGINE_MEASURED.items():
-        kv = count * tokens * kv_bytes_per_token(shape) / GIB
-        plan, ratio = kv + weights, (kv + weights) / measured
-        print(f"| {count} | {tokens:,} | {kv:.1f} | {plan:.1f} | {measured} | {ratio:.2f} |")
+    print("\n| hf engine rows | tokens | slots GiB | transient GiB | rule + weights GiB |"
+          " measured GiB (before) | ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for (count, tokens, new), measured in ENGINE_MEASURED.items():
+        rule = hf_engine_memory(
+            shape, 2, rows=count, max_context_tokens=tokens + new, kv_cache_bytes=0
+        )
+        plan = rule.peak / GIB + weights
+        print(
+            f"| {count} | {tokens:,} + {new} | {rule.slots / GIB:.1f} | "
+            f"{rule.transient / GIB:.1f} | {plan:.1f} | {measured} | {plan / measured:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loop.config import RunConfig
-from loop.preflight.shapes import GIB, kv_bytes_per_token, parameter_count
+from loop.generators.hf.memory import EngineMemory, engine_memory
+from loop.preflight.shapes import GIB, head_dim, kv_bytes_per_token, parameter_count
 from loop.preflight.trace import TraceResult
 from tasks import suite_class
 
@@ -170,32 +171,60 @@ def plan_servers(
             )
 
 
+def hf_engine_memory(
+    shape: dict, dtype_bytes: int, *, rows: int, max_context_tokens: int, kv_cache_bytes: int,
+    kv_rows_bytes: int | None = None,
+) -> EngineMemory:  # fmt: skip
+    """The hf engine's memory for `shape` by the engine's own rule (loop/generators/hf/
+    memory.py): the slots, the KV store and the largest transient."""
+    return engine_memory(
+        layers=shape["num_hidden_layers"],
+        kv_heads=shape["num_key_value_heads"],
+        heads=shape["num_attention_heads"],
+        head_dim=head_dim(shape),
+        intermediate=shape["intermediate_size"],
+        dtype_bytes=dtype_bytes,
+        max_rows=rows,
+        max_context_tokens=max_context_tokens,
+        kv_cache_bytes=kv_cache_bytes,
+        kv_rows_bytes=kv_rows_bytes,
+    )
+
+
 def plan_hf_engine(
     plan: Plan, config: RunConfig, shape: dict, trace: TraceResult, gpu: str, gpu_gib: float
 ) -> None:
-    """hf: the engine's row slots, `max_batch_size` rows each reserved at the longest row's
-    length (up to `agent.max_context_tokens`), beside the resident model and optimizer."""
+    """hf: the engine's memory by its own rule (`hf_engine_memory`): `max_batch_size` row
+    slots at the capacity the longest row gets (up to `agent.max_context_tokens`), the KV store
+    and the largest transient, beside the resident model and optimizer."""
     gen = config.generator
     if gen.backend != "hf":
         return
     rows, length = gen.max_batch_size, config.agent.max_context_tokens
-    kv = rows * length * kv_bytes_per_token(shape, DTYPE_BYTES[config.model.dtype])
-    store = (gen.kv_cache_mb or 0) * 2**20  # None: a quarter of what is free, so it fits
+    store = int((gen.kv_cache_mb or 0) * 2**20)  # None: a quarter of what is free, so it fits
+    bound = None if gen.kv_rows_mb is None else int(gen.kv_rows_mb * 2**20)
+    engine = hf_engine_memory(
+        shape, DTYPE_BYTES[config.model.dtype], rows=rows, max_context_tokens=length,
+        kv_cache_bytes=store, kv_rows_bytes=bound,
+    )  # fmt: skip
     kinds = trace.by_kind
     resident = sum(kinds.get(k, 0) for k in ("Sharded Param", "Buffer", "OptState"))
-    need = with_margin(resident + kv + store)
+    need = with_margin(resident + engine.peak)
     plan.add(
         "hf engine",
         f"{rows} rows (generator.max_batch_size) x {length} tokens "
-        f"(agent.max_context_tokens): KV {gib(kv)}; KV store {gib(store)}; resident "
-        f"model and optimizer {gib(resident)}; with the margin {gib(need)} of "
-        f"{gpu_gib:.1f} GiB",
+        f"(agent.max_context_tokens): slots {gib(engine.slots)}; KV store {gib(store)}; "
+        f"largest transient {gib(engine.transient)} (a slot growth under active rows "
+        f"{gib(engine.growth)}); resident model and optimizer {gib(resident)}; with the "
+        f"margin {gib(need)} of {gpu_gib:.1f} GiB",
     )
     if need > gpu_gib * GIB:
         plan.refusals.append(
-            f"the hf engine's KV for generator.max_batch_size={rows} rows at "
-            f"agent.max_context_tokens={length} ({gib(kv)}) and the model ({gib(resident)}) "
-            f"need {gib(need)}, over the {gpu} GPU's {gpu_gib:.1f} GiB: lower either"
+            f"the hf engine for generator.max_batch_size={rows} rows at "
+            f"agent.max_context_tokens={length} ({gib(engine.peak)}: slots {gib(engine.slots)}, "
+            f"KV store, the largest transient {gib(engine.transient)}) and the model "
+            f"({gib(resident)}) need {gib(need)}, over the {gpu} GPU's {gpu_gib:.1f} GiB: "
+            f"lower either"
         )
 
 

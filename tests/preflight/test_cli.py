@@ -29,7 +29,7 @@ def stub_trace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
 
 
 def test_a_plan_exits_0(stub_trace: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert train.main(["--config", CONFIG_7B, "--preflight", *stub_trace]) == 0
+    assert train.main(["--config", CONFIG_7B, "--preflight", "--gpu", "h200", *stub_trace]) == 0
     out, err = capsys.readouterr()
     assert err == "" and out.rstrip().endswith("preflight: nothing refused")
     for section in ("learners:", "hf engine:", "host:", "open files:", "disk:", "timeouts:"):

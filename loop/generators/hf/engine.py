@@ -31,10 +31,13 @@ which on SmolLM2-135M at 24 rows costs about what its packed bfloat16 products s
 Active rows always occupy slots 0..B-1 in order: a leaving row's slot is filled by the last one.
 
 Memory: the slots' token capacity is the longest row's. `reserve(n)` grows it (by at least a
-quarter, so growth is rare, copying once) and the generator calls it when a request joins, for
-the request's whole prompt plus `max_new_tokens` (never past `max_tokens`, the generator's
-`max_context_tokens`): a growth that does not fit fails that request alone, before it
-decodes, never a decode step shared by every row. `release()` frees the slots when no row is
+quarter, so growth is rare, copying once; `slot_capacity`) and the generator calls it when a
+request joins, for the request's whole prompt plus `max_new_tokens` at once, before the row's
+keys go in (never past `max_tokens`, the generator's `max_context_tokens`): a growth that does
+not fit fails that request alone, before it decodes, never a decode step shared by every row.
+A growth under active rows holds the old slots beside the new while it copies; with no row
+active the old ones are freed first. `loop/generators/hf/memory.py` states what that makes on a
+GPU, the rule the preflight plans with. `release()` frees the slots when no row is
 active (between turns and while the learner trains). On a CPU the slots are paged in by need
 (`loop/generators/hf/pages.py`): the capacity is address space, and only the pages rows write
 are resident, so the slots hold about the rows' own tokens, not rows x capacity; a growth copies
@@ -75,6 +78,19 @@ def supports(model: Any) -> bool:
         return False
     inner = getattr(base, "model", None)
     return all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+
+def slot_capacity(length: int, capacity: int = 0, max_tokens: int | None = None) -> int:
+    """The slots' token capacity once `reserve(length)` ran on slots of `capacity`: unchanged
+    if `length` fits, else grown by at least a quarter to a multiple of `CAPACITY_STEP`, at
+    most `max_tokens` unless `length` asks more."""
+    if length <= capacity:
+        return capacity
+    wanted = max(length, capacity + capacity // 4)
+    grown = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
+    if max_tokens is not None:  # room past the cap would never be used
+        grown = max(length, min(grown, max_tokens))
+    return grown
 
 
 @dataclass(eq=False)
@@ -180,16 +196,20 @@ class DecoderEngine:
         self.slots = self._slots(0)
         self.own = self.slots.tensor
 
-    def remove(self, row: Row) -> Tensor:
-        """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim).
-        The last row moves into the freed slot; the pages no row uses any more go back."""
-        own = self._outside(self.own_kv(row).shape)
-        own.copy_(self.own_kv(row))
+    def remove(self, row: Row, *, keep: bool = True) -> Tensor | None:
+        """Free `row`'s slot; returns a copy of its own KV (layers, 2, kv_heads, n, head_dim)
+        when `keep` (else None: nothing copied). The last row moves into the freed slot; the
+        pages no row uses any more go back."""
+        length = row.own_length
+        own = None
+        if keep:
+            own = self._outside(self.own_kv(row).shape)
+            own.copy_(self.own_kv(row))
         last = self.rows.pop()
         if last is not row:
             n = last.own_length
             self.own[row.slot, :, :, :, :n] = self.own[last.slot, :, :, :, :n]
-            if own.shape[3] > n:  # the tail the longer row used, head by head
+            if length > n:  # the tail the longer row used, head by head
                 for part in self.own[row.slot, :, :, :, n:].flatten(0, 2):
                     self.slots.give_back(part)
             last.slot, self.rows[row.slot] = row.slot, last
@@ -361,36 +381,32 @@ class DecoderEngine:
     def kv_bytes(self, joining: int = 0) -> int:
         """The bytes of keys and values the rows may come to hold, with one more row of
         `joining` own tokens: on a CPU (slots paged in by need) each row's `reserved` tokens;
-        elsewhere the slots as allocated, every row at the capacity (`reserve`'s growth)."""
+        elsewhere the slots as allocated, every row at the capacity (`slot_capacity`)."""
         per_token = len(self.layers) * 2 * self.kv_heads * self.head_dim * self.own.element_size()
         if self.slots.paged:
             return per_token * (sum(row.reserved for row in self.rows) + joining)
-        return per_token * self.max_rows * self._capacity_for(joining)
+        return (
+            per_token * self.max_rows * slot_capacity(joining, self.own.shape[4], self.max_tokens)
+        )
 
     def reserve(self, length: int) -> None:
-        """Grow the slots' token capacity to at least `length`: by at least a quarter, to a
-        multiple of `CAPACITY_STEP` (at most `max_tokens` unless `length` asks more), copying
-        each active row's own tokens once; a failed growth leaves the slots unchanged."""
-        if length <= self.own.shape[4]:
+        """Grow the slots' token capacity to at least `length` (`slot_capacity`), copying each
+        active row's own tokens once; a failed growth leaves the slots unchanged, or, with no
+        row active, empty. With no row active the old slots are freed before the new ones are
+        made, so only a growth under active rows holds both (`engine_memory`)."""
+        capacity = self.own.shape[4]
+        if length <= capacity:
             return
         shape = list(self.own.shape)
-        shape[4] = self._capacity_for(length)
+        shape[4] = slot_capacity(length, capacity, self.max_tokens)
+        if not self.rows:  # nothing to copy: the old slots go first
+            self.slots = self._slots(0)
+            self.own = self.slots.tensor
         grown = SlotMemory(tuple(shape), self.own.dtype, self.own.device)
         for row in self.rows:  # only what rows hold: the rest of the slots stays unwritten
             n = row.own_length
             grown.tensor[row.slot, :, :, :, :n] = self.own[row.slot, :, :, :, :n]
         self.slots, self.own = grown, grown.tensor
-
-    def _capacity_for(self, length: int) -> int:
-        """The slots' token capacity once `reserve(length)` has run."""
-        capacity = self.own.shape[4]
-        if length <= capacity:
-            return capacity
-        wanted = max(length, capacity + capacity // 4)
-        grown = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
-        if self.max_tokens is not None:  # room past the cap would never be used
-            grown = max(length, min(grown, self.max_tokens))
-        return grown
 
     def _slots(self, capacity: int) -> SlotMemory:
         shape = (self.max_rows, len(self.layers), 2, self.kv_heads, capacity, self.head_dim)

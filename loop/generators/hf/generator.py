@@ -391,9 +391,10 @@ class HFGenerator:
             logits = self.engine.prefill(row, prompt[match.reused :], store=store)
             self._count_prefill(started, len(prompt) - match.reused)
             own = self._share_prompt(row, store)
-            row.reserved = (0 if own is None else own.shape[3]) + new_tokens
-            self.engine.add(row, own)
+            # room for all the row will hold before its keys go in: one growth, not two
+            row.reserved = row.own_length + new_tokens
             self.engine.reserve(row.reserved)
+            self.engine.add(row, own)
         except Exception as exc:
             self._refuse(active, exc)
             return None
@@ -437,7 +438,7 @@ class HFGenerator:
         """A joining request that failed: its slot freed, its error delivered."""
         assert self.engine is not None
         if active.row.slot >= 0:
-            self.engine.remove(active.row)
+            self.engine.remove(active.row, keep=False)
         error = GeneratorError(f"hf generation failed: {one_line(exc, typed=True)}")
         self._outbox.append((active.request, error))
 
@@ -502,8 +503,8 @@ class HFGenerator:
         """Free the row's slot; keep its cache for the rollout's next turn if `retain`."""
         assert self.engine is not None
         self._active.remove(active)
-        own = self.engine.remove(active.row)
-        if retain:
+        own = self.engine.remove(active.row, keep=retain)
+        if own is not None:
             row = active.row
             self.cache.retain(row.ids, row.entry, row.n_prefix, own)
 
