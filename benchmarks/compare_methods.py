@@ -70,6 +70,7 @@ import functools
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -200,7 +201,12 @@ def run_quickstart(
     command = quickstart_command(row, seed, iterations, out, extra_overrides)
     with log.open("a") as stream:
         child = subprocess.Popen(command, cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
+        try:
+            _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
+        except BaseException:  # stopped (Ctrl-C, SIGTERM): the row's run stops too, resumable
+            child.terminate()
+            child.wait()
+            raise
         child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
         tail = log.read_text()[-800:].strip()
@@ -448,6 +454,11 @@ def plot_table(table: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM as Ctrl-C: unwind, so the running row's train.py is stopped too."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
     """Run the rows x seeds not yet done, then print and write the table (and the picture)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -463,6 +474,15 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
                         help="quickstart overrides for every row, last (a smoke test's "
                         "eval.limit=2; the comparison itself takes none)")  # fmt: skip
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _compare(args, runner)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _compare(args: argparse.Namespace, runner: Runner | None) -> int:
+    """main's work, once its arguments are read."""
     args.out = args.out or ROOT / "runs" / ("table1-synthetic" if args.synthetic else "table1")
     default_rows = [r for r in ROWS if not (args.synthetic and r in SFT_ROWS)]
     rows = args.rows or default_rows
