@@ -24,10 +24,12 @@ Same start, same budget:
   of the paper's 20 temperatures and one pass (`RFT_LADDER_STRIDE`). EI is an RL-loop row
   (filtered cross-entropy) and starts from the warm start like the others.
 - every RL row samples the same N x K = 6 x 4 rollouts an iteration for the scale's
-  iterations (quickstart: 4, so 96 rollouts a row), the same tasks (`train.stratify`) and
-  seeds. The critic rows' warm-up is shortened to 1 iteration (the paper's 10 of 200 would be
-  the whole run): 3 of the 4 iterations then update the policy, as in every other row, where
-  `--iterations 8` leaves 7.
+  iterations (quickstart: 4, so 96 rollouts a row; 4 keeps a row's run, evaluations included,
+  under 45 minutes, one piece), the same tasks (`train.stratify`) and seeds. DPO-MCTS spends
+  its samples on tree searches instead (its config's search budget per task), so its count
+  differs. The critic rows' warm-up is shortened to 1 iteration (the paper's 10 would be the
+  whole run): their policy then learns in 3 of the 4 iterations, every other row's in 4;
+  `--iterations 8` makes that 7 of 8, at twice the time.
 
 Recorded per row and seed, one JSON line appended to `<out>/results.jsonl` as each finishes:
 held-out success on `eval.split` (easy_heldout, 36 tasks) greedy and sampled at T=1 (2 a task)
@@ -48,11 +50,12 @@ model against Qwen2.5-32B, so only orderings compare).
 
 Scales:
 - quickstart: `configs/quickstart.yaml` (SmolLM2-135M, LoRA, the built-in app world), each row
-  a `train.py` run in its own process: about 25 minutes per RL row and seed on 2 cores (4
+  a `train.py` run in its own process: 25-40 minutes per RL row and seed on 2 cores (4
   iterations and two evaluations of 108 rollouts), the first of a seed ~8 minutes more for the
   warm start; SFT-GT ~10 minutes (one epoch and one evaluation), RFT ~30 (360 rollouts of the
-  base first). A 135M model hardly
-  solves a task, so expect close numbers and wide intervals.
+  base first): about 7 hours for the 14 rows and one seed. A 135M model hardly solves a task,
+  so expect close numbers and wide intervals. `--set KEY=VALUE ...` adds quickstart overrides
+  to every row (a smoke test's `eval.limit=2`; the comparison itself takes none).
 - --synthetic: the word task of tests/loop/synthetic.py (reward = share of emitted words in a
   target set, which a policy can learn in a few iterations) with the tiny random Llama under a
   LoRA adapter (rank 16) and the learning settings of tests/loop/test_trainer.py, in process;
