@@ -1,0 +1,92 @@
+"""benchmarks/compare_methods.py's bookkeeping: rows' overrides, held-out counts with Wilson
+intervals, results appended per row x seed, a rerun skipping finished rows, `--max-minutes`,
+and the summary and picture, with a fake row runner in place of train.py.
+
+Run: python -m pytest tests/loop/test_compare_methods.py -q        (seconds)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = importlib.util.spec_from_file_location(
+    "compare_methods", ROOT / "benchmarks/compare_methods.py"
+)
+assert SPEC and SPEC.loader
+compare = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(compare)
+
+
+def _write_eval(run_dir: Path, split: str, iteration: int, successes: list[bool]) -> None:
+    folder = run_dir / "eval" / split / f"iter-{iteration}"
+    folder.mkdir(parents=True)
+    lines = [json.dumps({"task_id": f"t{i}", "success": s}) for i, s in enumerate(successes)]
+    (folder / "rollouts.jsonl").write_text("\n".join(lines) + "\n")
+
+
+class FakeRunner:
+    """Writes a run directory as the trainer would (metrics, two evaluations) and counts calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, row: str, seed: int, iterations: int | None, out: Path) -> dict[str, Any]:
+        self.calls.append((row, seed))
+        run_dir = out / compare.run_name(row, seed)
+        run_dir.mkdir(parents=True)
+        records = [{"warm_start/cached": 1.0}] + [
+            {"rollout/reward_mean": 0.1 * i, "rollout/success_rate": 0.0} for i in range(2)
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        _write_eval(run_dir, "easy_heldout", 0, [True, False, False, False])
+        _write_eval(run_dir, "easy_heldout", 2, [True, True, True, False])
+        _write_eval(run_dir, "easy_heldout@T1", 0, [False] * 8)
+        _write_eval(run_dir, "easy_heldout@T1", 2, [True] * 2 + [False] * 6)
+        return {"wall_s": 1.0, "peak_rss_mib": 100.0}
+
+
+def test_results_resume_summary_and_picture(tmp_path: Path) -> None:
+    fake = FakeRunner()
+    argv = ["--out", str(tmp_path), "--rows", "loop-token", "grpo", "verlog", "--plot"]
+    assert compare.main(argv, runner=fake) == 0
+    lines = [json.loads(x) for x in (tmp_path / compare.RESULTS).read_text().splitlines()]
+    assert [(x["row"], x["seed"]) for x in lines] == [("loop-token", 0), ("grpo", 0), ("verlog", 0)]
+    first = lines[0]
+    assert first["greedy_before"]["successes"] == 1 and first["greedy_after"]["successes"] == 3
+    assert first["sampled_after"]["n"] == 8 and first["warm_start_cached"] is True
+    assert first["greedy_after"]["low"] == pytest.approx(compare.wilson_interval(3, 4)[0])
+    assert first["paper_test_n_tgc"] == 71.3 and lines[2]["paper_test_n_tgc"] is None
+    assert first["reward_last"] == pytest.approx(0.1) and first["peak_rss_mib"] == 100.0
+    assert (tmp_path / compare.PLOT).stat().st_size > 0
+    assert "not in Table 1" in (tmp_path / "summary.md").read_text()
+
+    assert compare.main([*argv, "--seeds", "0", "1"], runner=fake) == 0  # seed 0 done: skipped
+    assert fake.calls[3:] == [("loop-token", 1), ("grpo", 1), ("verlog", 1)]
+    assert len((tmp_path / compare.RESULTS).read_text().splitlines()) == 6
+
+
+def test_max_minutes_starts_no_row_once_spent(tmp_path: Path, capsys: Any) -> None:
+    fake = FakeRunner()
+    argv = ["--out", str(tmp_path), "--rows", "rloo", "grpo", "--max-minutes", "0"]
+    assert compare.main(argv, runner=fake) == 0
+    assert fake.calls == [("rloo", 0)]  # the budget is looked at before each row
+    assert (
+        "not started (--max-minutes spent; rerun to go on): grpo-seed0" in capsys.readouterr().out
+    )
+
+
+def test_rows_keep_their_method_and_take_the_scale() -> None:
+    assert compare.row_overrides("sft-gt") == [
+        "warm_start.source=gold", "warm_start.style=paper", "train.iterations=0"
+    ]  # fmt: skip
+    assert "critic.warmup_iterations=1" in compare.row_overrides("ppo-critic")
+    assert not any(a.startswith("train.lr=") for a in compare.row_overrides("dmpo"))
+    assert "train.iterations=5" not in compare.quickstart_command("sft-gt", 0, 5, Path("/x"))
+    assert set(compare.PAPER_TEST_N_TGC) == set(compare.ROWS)
+    assert compare.paper_ranks(["loop-token", "sft-gt", "verlog"]) == {"loop-token": 1, "sft-gt": 2}
