@@ -42,7 +42,10 @@ SERVER_7B = ["generator.backend=vllm_server", "generator.gpu_memory_utilization=
 
 
 def test_the_shipped_configs_and_the_fixed_server_variant_pass() -> None:
-    assert plan_of("qwen2.5-7b-1gpu.yaml", [], gpu="h200").refusals == []
+    assert plan_of("qwen2.5-7b-1gpu.yaml", []).refusals == []  # 16 rows: an H100
+    assert (
+        plan_of("qwen2.5-7b-1gpu.yaml", ["generator.max_batch_size=32"], gpu="h200").refusals == []
+    )
     assert plan_of("qwen2.5-32b-8gpu.yaml", [], peak_gib=62.0).refusals == []
     fixed = [*SERVER_7B, "generator.max_model_len=32768"]
     assert plan_of("qwen2.5-7b-1gpu.yaml", fixed).refusals == []
@@ -63,7 +66,7 @@ def test_the_hf_engines_slot_growth_is_counted() -> None:
     """32 rows at 32,768 tokens: 56 GiB of slots fit an H100 beside the 7B model, but a growth
     under active rows holds the old slots too (up to 32 x 32,704 tokens) and the prompt being
     admitted (32,768 tokens), which does not."""
-    (refusal,) = plan_of("qwen2.5-7b-1gpu.yaml", []).refusals
+    (refusal,) = plan_of("qwen2.5-7b-1gpu.yaml", ["generator.max_batch_size=32"]).refusals
     assert "slots 56.0 GiB" in refusal and "largest transient 57.6 GiB" in refusal
 
 
