@@ -647,7 +647,8 @@ def section_engine(out: Out) -> None:
     import torch
 
     from loop.generators.base import Generation, SamplingParams
-    from loop.generators.hf.generator import HFGenerator, kv_cache_budget_mb
+    from loop.generators.hf.generator import HFGenerator
+    from loop.generators.hf.memory import kv_cache_budget_mb
     from loop.model.policy import LoraSettings, policy_from_model
 
     rows, prompt_len, new = (4, 300, 16) if out.tiny else (32, 8100, 32)

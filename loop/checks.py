@@ -236,6 +236,7 @@ def check_values(config: RunConfig) -> None:
         "eval.max_concurrent_rollouts": config.eval.max_concurrent_rollouts,
         "sandbox.cell_timeout_s": config.sandbox.cell_timeout_s,
         "generator.max_batch_size": config.generator.max_batch_size,
+        "generator.kv_rows_mb": 1 if (bound := config.generator.kv_rows_mb) is None else bound,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -246,10 +247,6 @@ def check_values(config: RunConfig) -> None:
         )
     if (kv_cache_mb := config.generator.kv_cache_mb) is not None and kv_cache_mb < 0:
         raise ConfigError(f"generator.kv_cache_mb: must be >= 0, got {kv_cache_mb}")
-    if (kv_rows_mb := config.generator.kv_rows_mb) is not None and kv_rows_mb <= 0:
-        raise ConfigError(
-            f"generator.kv_rows_mb: must be > 0 (or null: no bound), got {kv_rows_mb}"
-        )
     if config.train.keep_every < 0:
         raise ConfigError(f"train.keep_every: must be >= 0, got {config.train.keep_every}")
     if config.sandbox.pool_size < 0:

@@ -68,12 +68,7 @@ class ModelConfig:
         False, "recompute activations in the backward pass (less memory, more time)"
     )
     torch_threads: int | None = doc(None, "CPU threads for torch ops (None: torch's default)")
-    recompute: Literal["none", "mlp", "layers"] = doc(
-        "none",
-        "activations recomputed in the backward pass instead of kept, the same gradients "
-        "(loop/model/recompute.py): none | mlp (each MLP's) | layers (each decoder layer's; "
-        "the learner's shared prefix still runs once)",
-    )
+    recompute: Literal["none", "mlp", "layers"] = doc("none", "recomputed in backward, not kept")
     init_adapter: str | None = doc(None, "start from this PEFT LoRA adapter directory (LoRA only)")
 
 
@@ -93,12 +88,7 @@ class GeneratorConfig:
         "hf: memory for cached prefixes and previous turns (LRU); None: a quarter of the GPU's "
         "free memory, 1024 on a CPU",
     )
-    kv_rows_mb: float | None = doc(
-        None,
-        "hf: the decoding rows' keys and values at most (a CPU: each row's prompt and "
-        "max_new_tokens; a GPU: max_batch_size rows at the longest's length); a request past "
-        "it waits for rows to end, one that cannot fit alone fails; None: no bound",
-    )
+    kv_rows_mb: float | None = doc(None, "hf: rows' keys and values at most (past it: wait)")
     torch_threads: int | None = doc(None, "hf: torch's CPU threads when sampling (None: as is)")
     gpu_memory_utilization: float = doc(0.4, "vllm_server: a server's share of (KV) memory")
     max_model_len: int = doc(8192, "vllm_server: longest sequence a server plans for")

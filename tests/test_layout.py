@@ -213,8 +213,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "loop.learner": {"loop.algo", "loop.model", "loop.rollout", "loop.config"},
     "loop.generators": {"loop.model", "loop.config"},
     # the preflight plans a config: it traces the learner's own step on the model's FSDP2
-    # groups; it never imports the engines, the rollout side or the top-level loop
-    "loop.preflight": {"loop.config", "loop.model", "loop.learner"},
+    # groups and counts the hf engine by the engine's own memory rule (arithmetic); it never
+    # imports the engines, the rollout side or the top-level loop
+    "loop.preflight": {"loop.config", "loop.model", "loop.learner", "loop.generators.hf.memory"},
     # model.aliases only: a model name -> its directory, for the report's tokenizer
     "loop.inspect": {
         "loop.run",

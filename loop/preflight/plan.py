@@ -172,9 +172,14 @@ def plan_servers(
 
 
 def hf_engine_memory(
-    shape: dict, dtype_bytes: int, *, rows: int, max_context_tokens: int, kv_cache_bytes: int,
+    shape: dict,
+    dtype_bytes: int,
+    *,
+    rows: int,
+    max_context_tokens: int,
+    kv_cache_bytes: int,
     kv_rows_bytes: int | None = None,
-) -> EngineMemory:  # fmt: skip
+) -> EngineMemory:
     """The hf engine's memory for `shape` by the engine's own rule (loop/generators/hf/
     memory.py): the slots, the KV store and the largest transient."""
     return engine_memory(
@@ -204,9 +209,13 @@ def plan_hf_engine(
     store = int((gen.kv_cache_mb or 0) * 2**20)  # None: a quarter of what is free, so it fits
     bound = None if gen.kv_rows_mb is None else int(gen.kv_rows_mb * 2**20)
     engine = hf_engine_memory(
-        shape, DTYPE_BYTES[config.model.dtype], rows=rows, max_context_tokens=length,
-        kv_cache_bytes=store, kv_rows_bytes=bound,
-    )  # fmt: skip
+        shape,
+        DTYPE_BYTES[config.model.dtype],
+        rows=rows,
+        max_context_tokens=length,
+        kv_cache_bytes=store,
+        kv_rows_bytes=bound,
+    )
     kinds = trace.by_kind
     resident = sum(kinds.get(k, 0) for k in ("Sharded Param", "Buffer", "OptState"))
     need = with_margin(resident + engine.peak)

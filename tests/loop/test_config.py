@@ -78,7 +78,7 @@ SERVERS = "generator.backend=vllm_server"
             "train.off_policy.band: [low, high] with 0 <= low <= 1 <= high",
         ),
         ("", ["train.off_policy.band=[0.5]"], "train.off_policy.band: [low, high]"),
-        ("", ["generator.kv_rows_mb=0"], "generator.kv_rows_mb: must be > 0 (or null"),
+        ("", ["generator.kv_rows_mb=0"], "generator.kv_rows_mb: must be > 0, got 0.0"),
         ("", ["model.recompute=all"], "expected one of none, mlp, layers"),
         ("", ["model.recompute_mlp=true"], "model.recompute_mlp is now model.recompute (none"),
         ("", ["eval.sampled_rollouts_per_task=-1"], "eval.sampled_rollouts_per_task: must be >= 0"),

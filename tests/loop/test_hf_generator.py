@@ -231,7 +231,7 @@ async def test_a_row_that_needs_room_waits_and_then_finishes(tiny_policy: Policy
     assert engine is not None
     longest = len(prompt_list[-1]) + GREEDY.max_new_tokens
     per_token = engine.kv_bytes(1)  # no rows yet: one token's keys and values
-    generator.kv_rows_bytes = 2 * longest * per_token  # room for two rows at most
+    generator.admission.kv_rows_bytes = 2 * longest * per_token  # room for two rows at most
     rows_decoded: list[int] = []
     decode = engine.decode
 
@@ -243,7 +243,7 @@ async def test_a_row_that_needs_room_waits_and_then_finishes(tiny_policy: Policy
     engine.decode = counting  # type: ignore[method-assign]
     bounded = await asyncio.gather(*(generator.generate(p, GREEDY) for p in prompt_list))
     assert [g.token_ids for g in bounded] == [g.token_ids for g in unbounded]
-    assert max(rows_decoded) < len(prompt_list) and generator.waits >= 2
+    assert max(rows_decoded) < len(prompt_list) and generator.admission.waits >= 2
     assert engine.kv_bytes() == 0 and not engine.rows  # every row's room came back
     too_long = SamplingParams(max_new_tokens=3 * longest, temperature=0.0)
     results = await asyncio.gather(
@@ -452,7 +452,7 @@ async def test_rows_never_grow_past_max_context_tokens(tiny_policy, monkeypatch)
 
 
 def test_kv_cache_budget_is_a_share_of_free_gpu_memory_when_unset(tiny_policy, monkeypatch):
-    import loop.generators.hf.generator as hf
+    import loop.generators.hf.memory as hf
 
     assert HFGenerator(tiny_policy).cache.budget_bytes == hf.CPU_KV_CACHE_MB * 2**20
     assert HFGenerator(tiny_policy, kv_cache_mb=3).cache.budget_bytes == 3 * 2**20

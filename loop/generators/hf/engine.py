@@ -60,11 +60,11 @@ from torch import Tensor
 from loop.generators.hf.attention import decode_attention, step_index
 from loop.generators.hf.fused import Head, LayerProjections, own_storage
 from loop.generators.hf.kvcache import PrefixEntry
+from loop.generators.hf.memory import slot_capacity
 from loop.generators.hf.pages import SlotMemory
 from loop.model.aliases import causal_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-CAPACITY_STEP = 64  # the slots' token capacity is a multiple of this
 
 
 def supports(model: Any) -> bool:
@@ -78,19 +78,6 @@ def supports(model: Any) -> bool:
         return False
     inner = getattr(base, "model", None)
     return all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
-
-
-def slot_capacity(length: int, capacity: int = 0, max_tokens: int | None = None) -> int:
-    """The slots' token capacity once `reserve(length)` ran on slots of `capacity`: unchanged
-    if `length` fits, else grown by at least a quarter to a multiple of `CAPACITY_STEP`, at
-    most `max_tokens` unless `length` asks more."""
-    if length <= capacity:
-        return capacity
-    wanted = max(length, capacity + capacity // 4)
-    grown = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
-    if max_tokens is not None:  # room past the cap would never be used
-        grown = max(length, min(grown, max_tokens))
-    return grown
 
 
 @dataclass(eq=False)

@@ -51,9 +51,7 @@ restored afterwards.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
-import queue
 import threading
 import time
 from pathlib import Path
@@ -70,9 +68,11 @@ from loop.generators.base import (
     GeneratorStats,
     SamplingParams,
 )
+from loop.generators.hf.admission import Admission
 from loop.generators.hf.engine import DecoderEngine, Row, supports
 from loop.generators.hf.kvcache import KVStore
 from loop.generators.hf.listing import ModelListing, sampling_mode
+from loop.generators.hf.memory import PACKED_PREFILL_IDS, kv_cache_budget_mb, pack_prefills
 from loop.generators.hf.pages import trim_heap
 from loop.generators.hf.requests import Active, Request, capped, check_prompt, deliver
 from loop.generators.hf.sampling import pick_tokens, sample_batch, seeded_rng
@@ -82,17 +82,6 @@ from loop.model.policy import Policy
 # A first-turn prompt views an existing prefix entry instead of becoming one when the entry
 # covers at least this share of it (see the module docstring, step 3).
 SHARE_FRACTION = 0.5
-# kv_cache_mb unset: on a GPU this share of the memory free when the generator is built (the
-# learner's step needs the rest); on a CPU, CPU_KV_CACHE_MB (the quickstart's store peaked at
-# 415 MiB at 8 rollouts and 852 at 32, benchmarks/README.md).
-KV_FREE_SHARE = 0.25
-CPU_KV_CACHE_MB = 1024.0
-# One packed prefill's ids at most: on a CPU 40 ids of a row already keep the cores busy, and on
-# an H100 32 rows x 40 ids ran 3.7x faster packed than one by one (benchmarks/README.md, "Rollouts
-# coming back together"), while its activations grow with the count: SmolLM2-135M's 36 rows
-# coming back with 300 ids each raised the RSS by 687 MiB packed whole, by 154 MiB in packs of
-# 2,048 ids (float32, 2 threads).
-PACKED_PREFILL_IDS = 2048
 
 
 class HFGenerator:
@@ -133,7 +122,6 @@ class HFGenerator:
             )
         self.policy = policy
         self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s  # the static path: how long a batch waits for more
         self.share_fraction = share_fraction  # 1.0: every first-turn prompt its own entry
         self.torch_threads = torch_threads  # torch's CPU threads while sampling (None: as is)
         self.max_context_tokens = max_context_tokens  # a row's prompt + output at most
@@ -142,9 +130,8 @@ class HFGenerator:
         self.tokens_generated = 0
         self.work = EngineWork()
         self.cache = KVStore(int(kv_cache_mb * 2**20))
-        # the rows' keys and values at most (DecoderEngine.kv_bytes); None: no bound
-        self.kv_rows_bytes = None if kv_rows_mb is None else int(kv_rows_mb * 2**20)
-        self.waits = 0  # requests that waited for room (kv_rows_mb)
+        bound = None if kv_rows_mb is None else int(kv_rows_mb * 2**20)
+        self.admission = Admission(batch_wait_s, bound)  # the inbox and the waiting line
         self.engine = (
             DecoderEngine(policy.model, max_rows=max_batch_size, max_tokens=max_context_tokens)
             if kv_reuse and supports(policy.model)
@@ -153,8 +140,6 @@ class HFGenerator:
         self._vocab_size = policy.model.get_input_embeddings().num_embeddings
         self._pad_id = _pad_token_id(policy)
         self._model_lock = threading.Lock()  # one user of the weights at a time (load_adapter)
-        self._inbox: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self._waiting: collections.deque[Request] = collections.deque()  # first in, first out
         self._active: list[Active] = []
         self._outbox: list[tuple[Request, Generation | Exception]] = []  # delivered after a step
         self._fingerprint: tuple[tuple[int, int], ...] | None = None
@@ -177,7 +162,7 @@ class HFGenerator:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         self._ensure_worker()
-        self._inbox.put(Request(list(prompt_token_ids), params, future, loop))
+        self.admission.inbox.put(Request(list(prompt_token_ids), params, future, loop))
         return await future
 
     def load_adapter(self, path: Path | None) -> None:
@@ -214,7 +199,7 @@ class HFGenerator:
     async def close(self) -> None:
         """Stop the worker; queued and running requests get a `GeneratorError`."""
         self._closed = True
-        self._inbox.put(None)
+        self.admission.inbox.put(None)
         worker, self._worker = self._worker, None
         if worker is not None:
             await asyncio.to_thread(worker.join, 30)
@@ -229,10 +214,11 @@ class HFGenerator:
         try:
             while not self._closed:
                 if self.engine is None:
-                    self._serve_static(self._take(self.max_batch_size, block=True))
+                    batch = self.admission.take(self.max_batch_size, block=True, static=True)
+                    self._serve_static(batch)
                     continue
                 room, idle = self.max_batch_size - len(self._active), not self._active
-                joining = self._take(room, block=idle)
+                joining = self.admission.take(room, block=idle, static=False)
                 try:
                     self._serve_continuous(joining)
                 except Exception as exc:  # a fault of ours: fail what is in flight, keep serving
@@ -240,47 +226,18 @@ class HFGenerator:
                         joining, f"hf generation failed: {one_line(exc, typed=True)}"
                     )
         finally:
-            queued = []
-            while not self._inbox.empty():
-                queued.append(self._inbox.get_nowait())
-            self._fail_in_flight([r for r in queued if r is not None], "hf generator closed")
+            self._fail_in_flight([], "hf generator closed")
 
     def _fail_in_flight(self, requests: list[Request], message: str) -> None:
         """`requests` and every active row get a `GeneratorError`; all row slots are freed."""
         error = GeneratorError(message)
-        waiting, self._waiting = list(self._waiting), collections.deque()
+        waiting = self.admission.drain()
         for request in [*requests, *waiting, *(active.request for active in self._active)]:
             deliver(request, error)
         self._active = []
         if self.engine is not None:
             self.engine.rows.clear()
             self.engine.release()
-
-    def _take(self, limit: int, block: bool) -> list[Request]:
-        """Up to `limit` queued requests: waiting for the first when `block`, and on the static
-        path up to `batch_wait_s` for more."""
-        taken: list[Request] = []
-        while self._waiting and len(taken) < limit:  # those waiting for room go first
-            waiting = self._waiting.popleft()
-            if not waiting.future.done():  # not cancelled meanwhile
-                taken.append(waiting)
-        deadline = time.monotonic() + self.batch_wait_s
-        while len(taken) < limit:
-            wait = deadline - time.monotonic() if self.engine is None else 0.0
-            try:
-                if block and not taken:
-                    request = self._inbox.get()
-                elif taken and wait > 0:
-                    request = self._inbox.get(timeout=wait)
-                else:
-                    request = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if request is None:  # close() wakes the worker
-                break
-            if not request.future.done():  # not cancelled meanwhile
-                taken.append(request)
-        return taken
 
     def _serve_continuous(self, joining: list[Request]) -> None:
         """Admit `joining`, then one decode step for every active row. Results are delivered
@@ -292,14 +249,14 @@ class HFGenerator:
             with self._model_lock, sampling_mode(self._current_listing(), self.torch_threads):
                 self._sync_weights()
                 placed = []
-                for request in joining:  # once one waits for room, those after it wait too
-                    room = "wait" if self._waiting else self._room(request)
+                for request in joining:  # room for its keys and values (loop/.../admission.py)
+                    room = self.admission.room(request, self.engine, self.cache)
                     if room == "wait":
-                        self.waits += not request.waited
-                        request.waited = True
-                        self._waiting.append(request)
+                        self.admission.wait(request)
                     elif room == "yes":
                         placed.append(self._admit(request))
+                    elif isinstance(room, Exception):  # it could not fit alone
+                        self._outbox.append((request, room))
                 self._prefill_joined([entry for entry in placed if entry is not None])
                 for active in [a for a in self._active if a.request.future.done()]:  # cancelled
                     self._leave(active, retain=False)
@@ -336,28 +293,6 @@ class HFGenerator:
                 row.ids, row.entry, row.n_prefix = [], None, 0
                 self.engine.prefill(row, ids)
         self._fingerprint = fingerprint
-
-    def _room(self, request: Request) -> str:
-        """ "yes" when the rows' keys and values stay within `kv_rows_bytes` with `request`'s
-        row (its prompt tokens past what the store covers, and `max_new_tokens`); "wait" while
-        other rows hold the room; "never" when it would not fit with no other row (its error
-        is delivered)."""
-        if self.kv_rows_bytes is None or self.engine is None:
-            return "yes"
-        prompt = request.prompt_token_ids
-        need = len(prompt) - self.cache.match(prompt, take=False).n_prefix
-        need += request.params.max_new_tokens
-        if self.engine.kv_bytes(need) <= self.kv_rows_bytes:
-            return "yes"
-        if self.engine.rows:
-            return "wait"
-        error = GeneratorError(
-            f"a request of {len(prompt)} prompt tokens and max_new_tokens="
-            f"{request.params.max_new_tokens} needs {self.engine.kv_bytes(need) / 2**20:.0f} MiB "
-            f"of keys and values alone, over generator.kv_rows_mb={self.kv_rows_bytes / 2**20:g}"
-        )
-        self._outbox.append((request, error))
-        return "never"
 
     def _admit(self, request: Request) -> tuple[Active, list[int]] | None:
         """Give a request a row: reuse what the store has; the ids left to prefill.
@@ -538,31 +473,6 @@ class HFGenerator:
         self.requests_served += len(batch)
         self.tokens_generated += sum(len(g.token_ids) for g in generations)
         return generations
-
-
-def pack_prefills(sizes: list[int], chunk: int, most: int) -> list[list[int]]:
-    """The joining rows' prefills (each of `sizes[i]` new ids), as lists of row indices: rows
-    of at most `chunk` ids packed in order while a pack holds at most `most` ids, then each
-    longer row alone (prefilled in chunks)."""
-    packs: list[list[int]] = []
-    held = 0
-    for i, size in enumerate(sizes):
-        if size > chunk:
-            continue
-        if not packs or held + size > most:
-            packs.append([])
-            held = 0
-        packs[-1].append(i)
-        held += size
-    return packs + [[i] for i, size in enumerate(sizes) if size > chunk]
-
-
-def kv_cache_budget_mb(device: torch.device) -> float:
-    """The KV store's budget when `kv_cache_mb` is unset (see KV_FREE_SHARE)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return KV_FREE_SHARE * free / 2**20
-    return CPU_KV_CACHE_MB
 
 
 def _pad_token_id(policy: Policy) -> int:

@@ -16,7 +16,7 @@ of these (never two at once: they run in different phases of a step):
 - **decode**: a step casts one layer's keys and values of every row to float32 (when they are
   stored narrower) and holds the scores and their exponentials, one per row, head and token.
 - **packed prefill**: rows joining together run up to `max_rows` x `prefill_chunk` new ids in
-  forwards of at most `PACKED_PREFILL_IDS` (loop/generators/hf/generator.py): the MLP's gate,
+  forwards of at most `PACKED_PREFILL_IDS` (below): the MLP's gate,
   up and product (`intermediate_size` each, in the model's dtype) and the queries, keys and
   values in float32.
 
@@ -32,10 +32,60 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loop.generators.hf.engine import CAPACITY_STEP, slot_capacity
-from loop.generators.hf.generator import PACKED_PREFILL_IDS
+import torch
 
 FLOAT32 = 4
+CAPACITY_STEP = 64  # the slots' token capacity is a multiple of this
+
+# kv_cache_mb unset: on a GPU this share of the memory free when the generator is built (the
+# learner's step needs the rest); on a CPU, CPU_KV_CACHE_MB (the quickstart's store peaked at
+# 415 MiB at 8 rollouts and 852 at 32, benchmarks/README.md).
+KV_FREE_SHARE = 0.25
+CPU_KV_CACHE_MB = 1024.0
+# One packed prefill's ids at most: on a CPU 40 ids of a row already keep the cores busy, and on
+# an H100 32 rows x 40 ids ran 3.7x faster packed than one by one (benchmarks/README.md, "Rollouts
+# coming back together"), while its activations grow with the count: SmolLM2-135M's 36 rows
+# coming back with 300 ids each raised the RSS by 687 MiB packed whole, by 154 MiB in packs of
+# 2,048 ids (float32, 2 threads).
+PACKED_PREFILL_IDS = 2048
+
+
+def slot_capacity(length: int, capacity: int = 0, max_tokens: int | None = None) -> int:
+    """The slots' token capacity once `reserve(length)` ran on slots of `capacity`: unchanged
+    if `length` fits, else grown by at least a quarter to a multiple of `CAPACITY_STEP`, at
+    most `max_tokens` unless `length` asks more."""
+    if length <= capacity:
+        return capacity
+    wanted = max(length, capacity + capacity // 4)
+    grown = -(-wanted // CAPACITY_STEP) * CAPACITY_STEP
+    if max_tokens is not None:  # room past the cap would never be used
+        grown = max(length, min(grown, max_tokens))
+    return grown
+
+
+def pack_prefills(sizes: list[int], chunk: int, most: int) -> list[list[int]]:
+    """The joining rows' prefills (each of `sizes[i]` new ids), as lists of row indices: rows
+    of at most `chunk` ids packed in order while a pack holds at most `most` ids, then each
+    longer row alone (prefilled in chunks)."""
+    packs: list[list[int]] = []
+    held = 0
+    for i, size in enumerate(sizes):
+        if size > chunk:
+            continue
+        if not packs or held + size > most:
+            packs.append([])
+            held = 0
+        packs[-1].append(i)
+        held += size
+    return packs + [[i] for i, size in enumerate(sizes) if size > chunk]
+
+
+def kv_cache_budget_mb(device: torch.device) -> float:
+    """The KV store's budget when `kv_cache_mb` is unset (see KV_FREE_SHARE)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return KV_FREE_SHARE * free / 2**20
+    return CPU_KV_CACHE_MB
 
 
 @dataclass(frozen=True)
