@@ -1,4 +1,5 @@
-"""The `hf` engine's GPU memory, by the engine's own rules: what the preflight plans with.
+"""The `hf` engine's memory: its sizes and bounds (the slots' capacity, the KV store's default
+budget, the packs of joining rows) and, from them, the rule the preflight plans a GPU with.
 
 On a GPU the row slots are one `torch.zeros` of (max_rows, layers, 2, kv_heads, capacity,
 head_dim) in the model's dtype (`loop/generators/hf/pages.py`), whatever the number of active
@@ -16,9 +17,8 @@ of these (never two at once: they run in different phases of a step):
 - **decode**: a step casts one layer's keys and values of every row to float32 (when they are
   stored narrower) and holds the scores and their exponentials, one per row, head and token.
 - **packed prefill**: rows joining together run up to `max_rows` x `prefill_chunk` new ids in
-  forwards of at most `PACKED_PREFILL_IDS` (below): the MLP's gate,
-  up and product (`intermediate_size` each, in the model's dtype) and the queries, keys and
-  values in float32.
+  forwards of at most `PACKED_PREFILL_IDS` (below): the MLP's gate, up and product
+  (`intermediate_size` each, in the model's dtype) and the queries, keys and values in float32.
 
 Under `generator.kv_rows_mb` no request joins past it by the engine's own rule
 (`DecoderEngine.kv_bytes`: on a GPU `max_rows` x the capacity), so the capacity is at most what
