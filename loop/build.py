@@ -208,7 +208,8 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         del weights
     else:
         policy = load(device=config.model.device)
-    recompute(policy.model, config.model.recompute)  # activations (loop/model/recompute.py)
+    if config.model.recompute != "none":  # activations (loop/model/recompute.py)
+        recompute(policy.model, config.model.recompute)
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
     size = min(config.sandbox.pool_size, config.train.max_concurrent_rollouts)
     generator: Generator = _IdleGenerator()
