@@ -59,7 +59,7 @@ class Admission:
         row (its prompt tokens past what the store covers, and `max_new_tokens`); "wait" while
         other rows hold the room (or others wait before it); the error to deliver when it
         would not fit with no other row."""
-        if self.waiting:
+        if self.waiting and not request.waited:  # a newcomer queues behind those waiting
             return "wait"
         if self.kv_rows_bytes is None:
             return "yes"
