@@ -80,6 +80,7 @@ class Counted:
 
     live = 0
     peak = 0
+    paged = False  # the GPU's: no pages by need
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
         self.tensor = torch.zeros(shape, dtype=dtype, device=device)

@@ -83,6 +83,32 @@ def test_growth_copies_each_row_and_keeps_the_rest_unwritten(tiny_policy: Policy
     assert not engine.own[0, :, :, :, 37:].any() and not engine.own[1:].any()
 
 
+def test_capped_slots_take_the_cap_at_once_and_never_grow(tiny_policy: Policy) -> None:
+    """With a context cap the slots' address space is the cap from the first row on: rows of
+    growing lengths join without a growth (no copy of the rows held), and only their tokens
+    become resident."""
+    engine = DecoderEngine(tiny_policy.model, max_rows=4, max_tokens=4096)
+    rows = [Row(ids=[]) for _ in range(4)]
+    with torch.no_grad():
+        engine.add(rows[0], None)
+        engine.prefill(rows[0], [5] * 10)
+        own = engine.own
+        assert own.shape[4] == 4096
+        before = resident()
+        for row, n in zip(rows[1:], (300, 900, 2000), strict=True):
+            engine.reserve(n)
+            engine.add(row, None)
+            engine.prefill(row, [7] * n)
+    assert engine.own is own  # the same slots: nothing grown, nothing copied
+    per_token = len(engine.layers) * 2 * engine.kv_heads * engine.head_dim * 4
+    written = (300 + 900 + 2000) * per_token
+    assert resident() - before < written + 16 * MIB
+    for row in rows:
+        engine.remove(row, keep=False)
+    engine.release()
+    assert engine.own.shape[4] == 0
+
+
 @pytest.mark.skipif(_LIBC is None, reason="glibc's malloc_trim")
 def test_trim_heap_returns_what_a_thread_freed() -> None:
     """Tensors of 4 MiB (under glibc's mmap threshold, fixed here at its 32 MiB ceiling: how

@@ -40,8 +40,9 @@ active the old ones are freed first. `loop/generators/hf/memory.py` states what 
 GPU, the rule the preflight plans with. `release()` frees the slots when no row is
 active (between turns and while the learner trains). On a CPU the slots are paged in by need
 (`loop/generators/hf/pages.py`): the capacity is address space, and only the pages rows write
-are resident, so the slots hold about the rows' own tokens, not rows x capacity; a growth copies
-each row's own tokens only, and a leaving row's pages go back to the OS at once.
+are resident, so the slots hold about the rows' own tokens, not rows x capacity; with a context
+cap (`max_tokens`) the first `reserve` takes the cap at once, so they never grow (a growth would
+hold each row's tokens twice while it copies them), and a leaving row's pages go back at once.
 
 Supported: `model_type` llama, mistral, qwen2 and qwen3 (those whose layers are
 `input_layernorm -> self_attn(q, k, v, o) -> post_attention_layernorm -> mlp`, full
@@ -386,6 +387,8 @@ class DecoderEngine:
             return
         shape = list(self.own.shape)
         shape[4] = slot_capacity(length, capacity, self.max_tokens)
+        if self.slots.paged and self.max_tokens is not None:  # address space: the cap at once
+            shape[4] = max(length, self.max_tokens)
         if not self.rows:  # nothing to copy: the old slots go first
             self.slots = self._slots(0)
             self.own = self.slots.tensor
