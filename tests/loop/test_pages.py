@@ -51,6 +51,18 @@ def test_slot_memory_is_resident_only_where_written_and_given_back() -> None:
     assert resident() - before < 32 * MIB
 
 
+def test_slots_larger_than_the_memory_are_address_space_only() -> None:
+    """A slot tensor of four times the machine's memory is made (no swap is set aside for it)
+    and only what is written becomes resident."""
+    total = psutil.virtual_memory().total + psutil.swap_memory().total
+    rows = -(-4 * total // (64 * MIB))
+    before = resident()
+    slots = SlotMemory((rows, 16 * MIB), torch.float32, torch.device("cpu"))  # 64 MiB a row
+    slots.tensor[0, : MIB // 4] = 1.0  # 1 MiB written
+    assert resident() - before < 16 * MIB
+    del slots
+
+
 def test_a_leaving_row_gives_its_pages_back(tiny_policy: Policy) -> None:
     """The last row moves into the freed slot; the slot left empty and the freed slot's tail
     past the moved row's tokens read as zeros (their pages went back); the moved row's keys

@@ -27,6 +27,12 @@ import sys
 import torch
 from torch import Tensor
 
+# Address space only: the kernel's overcommit heuristic would refuse a map larger than the
+# memory and swap (36 rows x a 32K-token cap of a small model's float32 keys and values are
+# tens of GB of address space, a fraction of it ever written). Linux's flag (mman-linux.h);
+# Python's mmap module does not export it.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+
 
 class SlotMemory:
     """A zeroed `shape` tensor of `dtype` on `device`, paged in by need on a CPU."""
@@ -39,7 +45,7 @@ class SlotMemory:
         if not self.paged or not nbytes:
             self.tensor = torch.zeros(shape, dtype=dtype, device=device)
             return
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
         self._map = mmap.mmap(-1, nbytes, flags=flags)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             self._map.madvise(mmap.MADV_NOHUGEPAGE)
