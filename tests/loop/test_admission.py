@@ -46,8 +46,14 @@ def test_waiting_requests_join_in_order_when_fewer_rows_are_free_than_wait() -> 
         assert admission.room(first, engine, cache) == "yes"  # type: ignore[arg-type]
         # a newcomer queues behind those waiting, room or not
         assert admission.room(newcomer, engine, cache) == "wait"  # type: ignore[arg-type]
+        fourth = request(loop, 10)
+        admission.wait(fourth)
         assert admission.take(2, block=False, static=False) == [second, third]
-        assert admission.room(second, Rows(held=95), cache) == "wait"  # type: ignore[arg-type]
-        assert admission.waits == 3
+        full = Rows(held=95)
+        for taken in (second, third):  # no room now: back to their places, in order
+            assert admission.room(taken, full, cache) == "wait"  # type: ignore[arg-type]
+            admission.wait(taken)
+        assert list(admission.waiting) == [second, third, fourth]
+        assert admission.waits == 4
     finally:
         loop.close()

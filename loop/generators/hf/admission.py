@@ -1,7 +1,8 @@
 """The `hf` generator's requests on their way in: from the callers' event loops to the worker
 thread (`inbox`), and those waiting for room for their keys and values under
-`generator.kv_rows_mb` (`waiting`, first in, first out: once one waits, those after it wait
-too). The room is the engine's own rule (`DecoderEngine.kv_bytes`)."""
+`generator.kv_rows_mb` (`waiting`, in the order they came: once one waits, newcomers wait
+behind it; one taken from the line joins on its own room or goes back to its place). The room
+is the engine's own rule (`DecoderEngine.kv_bytes`)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ class Admission:
         self.batch_wait_s = batch_wait_s  # the static path: how long a batch waits for more
         self.kv_rows_bytes = kv_rows_bytes  # the rows' keys and values at most; None: no bound
         self.waits = 0  # requests that waited for room
+        self._put_back = 0  # requests taken from the line this step and put back at its front
 
     def take(self, limit: int, *, block: bool, static: bool) -> list[Request]:
         """Up to `limit` requests, those waiting for room first: waiting for the first when
         `block`, and on the `static` path up to `batch_wait_s` for more."""
         taken: list[Request] = []
+        self._put_back = 0
         while self.waiting and len(taken) < limit:
             waiting = self.waiting.popleft()
             if not waiting.future.done():  # not cancelled meanwhile
@@ -77,8 +80,13 @@ class Admission:
         )
 
     def wait(self, request: Request) -> None:
-        """`request` waits for room, after those already waiting."""
-        self.waits += not request.waited
+        """`request` waits for room: a newcomer after those already waiting, one taken from
+        the line put back where it was (before those not taken)."""
+        if request.waited:
+            self.waiting.insert(self._put_back, request)
+            self._put_back += 1
+            return
+        self.waits += 1
         request.waited = True
         self.waiting.append(request)
 
