@@ -171,7 +171,7 @@ class EvalConfig:
     more_splits: list[str] = doc_factory(list, "also evaluated during training")
     rollouts_per_task: int = doc(1, "K for pass@k")
     limit: int | None = doc(None, "evaluate only the first N tasks of the split")
-    max_concurrent_rollouts: int = doc(8, "rollouts in flight at once")
+    max_concurrent_rollouts: int = doc(8, "rollouts in flight at once, all passes together")
     temperature: float | None = doc(None, "sampling temperature (None: agent.temperature)")
     max_turns: int | None = doc(None, "the turn limit in evaluation (None: agent.max_turns)")
     sampled_rollouts_per_task: int = doc(

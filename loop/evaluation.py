@@ -95,14 +95,18 @@ async def run_evaluations(
     split: str | None = None,
 ) -> dict[str, float]:
     """Every pass of `evaluation_passes` over `split` (default: eval.split) at once, their
-    rollouts decoding together, each written under `out_dir(label)`: the metrics of the first
-    (`eval/*`) and of the sampled one (`eval/sampled/*`)."""
+    rollouts decoding together, at most `eval.max_concurrent_rollouts` in flight for all of
+    them (a rollout in flight holds its keys and values between turns: more than the
+    generator's rows only wait), each written under `out_dir(label)`: the metrics of the
+    first (`eval/*`) and of the sampled one (`eval/sampled/*`)."""
     split = split or config.eval.split
     passes = evaluation_passes(config, split)
+    in_flight = asyncio.Semaphore(config.eval.max_concurrent_rollouts)
     results = await asyncio.gather(*(
         run_evaluation(
             settings, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
             out_dir=out_dir(label), show_progress=show_progress, split=split, label=label,
+            in_flight=in_flight,
         )
         for label, settings in passes
     ))  # fmt: skip
@@ -123,9 +127,12 @@ async def run_evaluation(
     show_progress: bool = True,
     split: str | None = None,
     label: str | None = None,
+    in_flight: asyncio.Semaphore | None = None,
 ) -> dict[str, float]:
     """Roll out `split` (default: eval.split), write rollouts and metrics under `out_dir`,
-    return the metrics (`label` names the progress bar; default: the split)."""
+    return the metrics (`label` names the progress bar; default: the split; `in_flight`: a
+    bound on rollouts in flight shared with other passes, else `eval.max_concurrent_rollouts`
+    of this pass's)."""
     split = split or config.eval.split
     tasks = suite.tasks(split)
     if config.eval.limit is not None:
@@ -155,7 +162,7 @@ async def run_evaluation(
         trajectories = await collect_rollouts(
             jobs, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
             settings=settings, example=prompt_example(suite, config.agent.worked_example),
-            max_concurrent=config.eval.max_concurrent_rollouts, on_done=record,
+            max_concurrent=in_flight or config.eval.max_concurrent_rollouts, on_done=record,
         )  # fmt: skip
     progress.close()
     metrics = compute_metrics(trajectories)

@@ -85,20 +85,26 @@ async def collect_rollouts(
     tokenizer: Tokenizer,
     settings: AgentConfig,
     example: list[dict[str, str]],
-    max_concurrent: int,
+    max_concurrent: int | asyncio.Semaphore,
     on_done: Callable[[Trajectory], None] | None = None,
     enough: Callable[[list[Trajectory]], bool] | None = None,
     pin: Callable[[], VersionPin] | None = None,
 ) -> list[Trajectory]:
     """Run the jobs; the finished rollouts come back in job order.
 
+    `max_concurrent`: the rollouts in flight at once, or a semaphore shared with other
+    collections running together (their rollouts in flight together at most its value).
     `pin` names the version a task's group samples, asked when its first rollout starts (None:
     unpinned, `policy_version` unset). `on_done` sees each rollout as it finishes. `enough`
     (the straggler cut-off) is asked after each one with all finished so far; once it says
     True, the rollouts still running are cancelled, their sandboxes released, and they are
     left out of the result.
     """
-    slots = asyncio.Semaphore(max_concurrent)
+    slots = (
+        max_concurrent
+        if isinstance(max_concurrent, asyncio.Semaphore)
+        else asyncio.Semaphore(max_concurrent)
+    )
     started: list[Trajectory] = []  # every rollout begun: their turns measure the backend
     starts: dict[str, str] = {}  # task id -> the start fingerprint its first rollout reported
     pins: dict[str, VersionPin] = {}  # task id -> its group's version, from its first start
