@@ -4,11 +4,13 @@
 
 SmolLM2-135M + LoRA r16 (B factors random, so the adapter counts), `--rows` rows viewing one
 `--prefix`-token prefix entry (as the quickstart's rollouts view the shared prompt) with 100-170
-own tokens each. Four engines over the same model and the same rows, stepped in turn (order
+own tokens each. Five engines over the same model and the same rows, stepped in turn (order
 alternating, several repeats, medians): `unfused` (each projection module called, attention as
 matrix products), `projections` (fused projections, attention as matrix products), `fused`
-(fused projections and the CPU flash kernel for attention) and `packed` (those, with the
-projections and the LM head on packed weight copies: the engine's default); then the sampling
+(fused projections and the CPU flash kernel for attention), `packed` (those, with the
+projections and the LM head on packed weight copies) and `capped` (`packed` with the
+generator's context cap, `--cap`, the quickstart's 2,048 tokens: on a CPU its slots take the cap
+at once and its rows sit further apart; the generator's engine); then the sampling
 of one step (`pick_tokens`, and per-row `torch.multinomial`, its draw before), the
 learner-parity check of the fused and packed engines (max |logit gap| against the unfused one
 on the same rows), and the rows joining a step with `--join-tokens` new ids each (a turn's glue
@@ -52,10 +54,15 @@ def lora_model(dtype: str = "float32") -> Any:
 
 
 def engine_with_rows(
-    model: Any, rows: int, prefix: list[int], fused: bool, packed: bool = False
+    model: Any,
+    rows: int,
+    prefix: list[int],
+    fused: bool,
+    packed: bool = False,
+    max_tokens: int | None = None,
 ) -> tuple[DecoderEngine, list[Row]]:
     """An engine whose `rows` rows view `prefix` and hold their own ids (the same per seed)."""
-    engine = DecoderEngine(model, max_rows=rows, fused=fused, packed=packed)
+    engine = DecoderEngine(model, max_rows=rows, fused=fused, packed=packed, max_tokens=max_tokens)
     store, kv = KVStore(2**31), engine.new_store(len(prefix))
     engine.prefill(Row(ids=[]), prefix, store=kv)
     entry = store.add_entry(prefix, kv)
@@ -78,6 +85,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--join-tokens", type=int, default=40, help="new ids a joining row has")
     parser.add_argument("--profile", action="store_true", help="where a packed step's time goes")
+    parser.add_argument("--cap", type=int, default=2048, help="the capped engine's context cap")
     args = parser.parse_args()
     model = lora_model().eval()
     prefix = torch.randint(0, 49000, (args.prefix,), generator=torch.Generator().manual_seed(0))
@@ -87,6 +95,9 @@ def main() -> None:
             "projections": engine_with_rows(model, args.rows, prefix.tolist(), fused=True),
             "fused": engine_with_rows(model, args.rows, prefix.tolist(), fused=True),
             "packed": engine_with_rows(model, args.rows, prefix.tolist(), True, packed=True),
+            "capped": engine_with_rows(
+                model, args.rows, prefix.tolist(), True, packed=True, max_tokens=args.cap
+            ),
         }
         engines["projections"][0].fused_attention = False
         tokens = [5] * args.rows
