@@ -7,6 +7,7 @@ Run: python -m pytest tests/tasks/test_apptown_suite.py -q
 
 from __future__ import annotations
 
+import gc
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from tasks import SPLITS, get_suite
 from tasks.apptown import AppTownSuite
+from tasks.apptown.env import fingerprint
 from tasks.apptown.inprocess import run_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,3 +147,17 @@ def test_tasks_import_neither_torch_nor_loop() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     for path in (ROOT / "tasks").rglob("*.py"):
         assert not re.search(r"^\s*(from|import) loop\b", path.read_text(), re.M), path
+
+
+def test_a_state_no_environment_holds_is_freed_and_built_again_the_same() -> None:
+    """The host holds the initial states of the tasks in flight only; one built again equals
+    the first byte for byte (every task of the easy splits)."""
+    suite = get_suite("apptown", seed=0)
+    tasks = suite.tasks("easy") + suite.tasks("easy_heldout")
+    first = {task.id: fingerprint(suite.initial_state(task).fork()) for task in tasks}
+    held = suite.initial_state(tasks[0])
+    gc.collect()
+    assert list(suite._states) == [tasks[0].id]  # only the one still held
+    assert suite.initial_state(tasks[0]) is held
+    again = {task.id: fingerprint(suite.initial_state(task).fork()) for task in tasks}
+    assert again == first
