@@ -167,7 +167,7 @@ class AgentConfig:
 class EvalConfig:
     """evaluate.py and the trainer's periodic evaluation."""
 
-    split: str = doc("dev", "the suite's split to evaluate (apptown adds easy and easy_heldout)")
+    split: str = doc("dev", "the split to evaluate (apptown adds easy, lookup and their _heldout)")
     more_splits: list[str] = doc_factory(list, "also evaluated during training")
     rollouts_per_task: int = doc(1, "K for pass@k")
     limit: int | None = doc(None, "evaluate only the first N tasks of the split")

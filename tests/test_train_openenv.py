@@ -89,5 +89,5 @@ def test_a_bad_server_argument_is_one_line() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: unknown split 'nope'; the splits are train, dev, test_normal, test_challenge, "
-        "easy, easy_heldout"
+        "easy, easy_heldout, lookup, lookup_heldout"
     ]

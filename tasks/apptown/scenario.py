@@ -13,9 +13,10 @@ A scenario subclasses `Scenario` once (no deeper) and fills in five hooks:
 
 Variants 1-3 belong to the scenario's `split`. A scenario may list `more_variants`, bands of
 further variants that go to other splits (the easy scenarios feed the `easy` and `easy_heldout`
-splits this way). Their users and values come from a random stream of their own, so adding or
-resizing a band never changes variants 1-3, and the bands are drawn in order, so a later band
-never changes an earlier one.
+splits this way, some difficulty-2 train scenarios the `lookup` and `lookup_heldout` ones). Their
+users and values come from a random stream of their own, so adding or resizing a band never
+changes variants 1-3, and the bands are drawn in order, so a later band never changes an earlier
+one.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from typing import Any, ClassVar
 from tasks.apptown.grading import Grader
 from tasks.apptown.people import Person
 from tasks.apptown.world import World, insert_row
+
+# The lookup band: beyond its 3 train variants, each difficulty-2 scenario that lists it has 5
+# held-out variants (split `lookup_heldout`) and 10 for training (split `lookup`). Held-out first,
+# as the easy band's. 18 users a scenario in all: the roommate scenarios draw them from the 21-25
+# people who have a roommate (seeds 0-5), and the easy band's 3 + 6 + 12 would take all 21 of
+# seed 0's.
+LOOKUP_BANDS: tuple[tuple[str, int], ...] = (("lookup_heldout", 5), ("lookup", 10))
 
 
 @dataclass(frozen=True)

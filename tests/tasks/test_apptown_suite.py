@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import SPLITS, get_suite
+from tasks import SPLITS, Task, get_suite
 from tasks.apptown import AppTownSuite
 from tasks.apptown.env import fingerprint
 from tasks.apptown.inprocess import run_in_process
@@ -35,19 +35,67 @@ def test_at_least_30_scenarios_of_3_variants(suite: AppTownSuite) -> None:
     assert len(set(instructions)) == len(instructions), "variants must differ in wording/values"
 
 
+def check_band_holds_out(
+    suite: AppTownSuite, train_split: str, heldout_split: str, scenarios: set[str]
+) -> None:
+    """A band's splits draw on `scenarios` only, and a held-out variant is another user, never
+    a training one (variants 1-3 or the band's training split) renamed or reworded."""
+    heldout, band = suite.tasks(heldout_split), suite.tasks(train_split)
+    assert {t.scenario_id for t in heldout} == {t.scenario_id for t in band} == scenarios
+    trained = suite.tasks("train") + band
+    seen = {(suite.user_of(t).id, t.instruction) for t in trained}
+    users = Counter((t.scenario_id, suite.user_of(t).id) for t in trained + heldout)
+    for task in heldout:
+        assert (suite.user_of(task).id, task.instruction) not in seen, task.id
+        assert users[(task.scenario_id, suite.user_of(task).id)] == 1, task.id
+
+
 def test_the_easy_band_holds_out_variants_no_training_split_has(suite: AppTownSuite) -> None:
     easy_scenarios = {t.scenario_id for t in suite.tasks("train") if t.difficulty == 1}
     heldout, easy = suite.tasks("easy_heldout"), suite.tasks("easy")
-    assert {t.scenario_id for t in heldout} == {t.scenario_id for t in easy} == easy_scenarios
     assert Counter(t.scenario_id for t in heldout) == dict.fromkeys(easy_scenarios, 6)
     assert Counter(t.scenario_id for t in easy) == dict.fromkeys(easy_scenarios, 12)
     assert all(t.difficulty == 1 for t in heldout + easy)
-    trained = suite.tasks("train") + easy
-    seen = {(suite.user_of(t).id, t.instruction) for t in trained}
-    users = Counter((t.scenario_id, suite.user_of(t).id) for t in trained + heldout)
-    for task in heldout:  # a held-out variant is another user, never a training one renamed
-        assert (suite.user_of(task).id, task.instruction) not in seen, task.id
-        assert users[(task.scenario_id, suite.user_of(task).id)] == 1, task.id
+    check_band_holds_out(suite, "easy", "easy_heldout", easy_scenarios)
+
+
+def test_the_lookup_band_holds_out_variants_no_training_split_has(suite: AppTownSuite) -> None:
+    heldout, lookup = suite.tasks("lookup_heldout"), suite.tasks("lookup")
+    scenarios = {t.scenario_id for t in lookup}
+    assert len(scenarios) >= 4
+    assert Counter(t.scenario_id for t in heldout) == dict.fromkeys(scenarios, 5)
+    assert Counter(t.scenario_id for t in lookup) == dict.fromkeys(scenarios, 10)
+    assert all(t.difficulty == 2 for t in heldout + lookup)
+    assert {t.scenario_id for t in suite.tasks("train")} >= scenarios  # no dev or test scenario
+    check_band_holds_out(suite, "lookup", "lookup_heldout", scenarios)
+
+
+# An API a gold cell calls, or hands to the paging helper (`all_pages(apis.phone.search_contacts,
+# ...)` calls it too).
+API_REFERENCE = re.compile(r"apis\.(\w+)\.(\w+)\b")
+
+
+def gold_apis(suite: AppTownSuite, task: Task) -> set[str]:
+    """The app.api names `task`'s gold solution uses, less logins, supervisor and api_docs."""
+    return {
+        f"{app}.{api}"
+        for cell in suite.gold_solution(task)
+        for app, api in API_REFERENCE.findall(cell)
+        if app not in ("supervisor", "api_docs") and api != "login"
+    }
+
+
+def test_the_lookup_band_needs_apis_the_easy_band_never_shows(suite: AppTownSuite) -> None:
+    """The band's point: its gold solutions call APIs that the `easy` split's gold solutions
+    (the warm start's demonstrations) never call, so an agent has to look them up. The one API
+    both use is the contact search, the only way to find who the user's roommates or relatives
+    are; every lookup task also needs at least two APIs the easy band never calls."""
+    easy = set().union(*(gold_apis(suite, t) for t in suite.tasks("easy")))
+    band = suite.tasks("lookup") + suite.tasks("lookup_heldout")
+    for task in band:
+        used = gold_apis(suite, task)
+        assert used & easy <= {"phone.search_contacts"}, (task.id, used & easy)
+        assert len(used - easy) >= 2, (task.id, used)
 
 
 def test_extra_variants_leave_the_first_three_unchanged(suite: AppTownSuite) -> None:

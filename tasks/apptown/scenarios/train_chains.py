@@ -3,10 +3,13 @@ for money, a manager's email, a bill to split between roommates)."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
+from typing import Any
 
 from tasks.apptown.grading import Grader
 from tasks.apptown.scenario import (
+    LOOKUP_BANDS,
     Scenario,
     Variant,
     add_email,
@@ -18,6 +21,11 @@ from tasks.apptown.scenario import (
     person_ids,
 )
 from tasks.apptown.world import World, insert_row
+
+# Who asks for money and what for: variants 1-3, then the `more_variants` cycling through the
+# three relationships with other things (lowercase, no "?": the gold reads "for the <thing>?").
+ASKS = (("partner", "concert tickets"), ("manager", "team lunch"), ("sibling", "birthday cake"))
+MORE_THINGS = ("taxi ride", "museum tickets", "pizza night", "train tickets", "picnic food")
 
 
 def _account_ids(g: Grader, people: list[int]) -> list[int]:
@@ -32,36 +40,19 @@ class PaymentsPayTextRequest(Scenario):
     difficulty = 2
     apps = ("phone", "payments")
     split = "train"
+    more_variants = LOOKUP_BANDS
     mistake = "pays whoever sent the latest money request, without checking who it is"
 
     def variants(self, world: World) -> list[Variant]:
-        rng = self.rng(world)
         users: list[int] = []
-        params = []
-        for label, thing in (
-            ("partner", "concert tickets"),
-            ("manager", "team lunch"),
-            ("sibling", "birthday cake"),
-        ):
-            related = world.society.related
-            candidates = [
-                p.id
-                for p in world.society.people
-                if len(related(p.id, label)) == 1 and p.id not in users
-            ]
-            users.append(rng.choice(candidates))
-            friends = [
-                f for f in related(users[-1], "friend") if f not in related(users[-1], label)
-            ]
-            params.append(
-                {
-                    "label": label,
-                    "thing": thing,
-                    "relative_id": related(users[-1], label)[0],
-                    "amount": rng.randint(12, 45) + 0.5,
-                    "other_id": rng.choice(friends),
-                }
-            )
+        params: list[dict[str, Any]] = []
+        rng = self.rng(world)  # variants 1-3 draw from it in this order, as they always did
+        for label, thing in ASKS:
+            self._ask(world, rng, label, thing, users, params)
+        more = self.rng(world, "more")
+        for i in range(self.num_variants - 3):
+            label = ASKS[i % len(ASKS)][0]
+            self._ask(world, more, label, MORE_THINGS[i % len(MORE_THINGS)], users, params)
         wordings = (
             "My {label} texted me asking for money. Send them the amount they asked for "
             "through payments, with what it is for as the description.",
@@ -69,8 +60,40 @@ class PaymentsPayTextRequest(Scenario):
             "need and what for. Use that as the description.",
             "Check the text where my {label} asks me for money and send exactly that "
             "amount via payments, describing it as they did.",
+            # a fourth for the `more_variants`, so that wordings and relationships pair anew
+            "Read the text in which my {label} asks me for money and pay them that amount on "
+            "payments, with the reason they gave as the description.",
         )
         return self.make_variants(users, wordings, params)
+
+    @staticmethod
+    def _ask(
+        world: World,
+        rng: random.Random,
+        label: str,
+        thing: str,
+        users: list[int],
+        params: list[dict[str, Any]],
+    ) -> None:
+        """Add a variant: a new user with exactly one `label`, who asks for `thing`, and a
+        friend of theirs (not their `label`) whose later text asks for other money."""
+        related = world.society.related
+        candidates = [
+            p.id
+            for p in world.society.people
+            if len(related(p.id, label)) == 1 and p.id not in users
+        ]
+        users.append(rng.choice(candidates))
+        friends = [f for f in related(users[-1], "friend") if f not in related(users[-1], label)]
+        params.append(
+            {
+                "label": label,
+                "thing": thing,
+                "relative_id": related(users[-1], label)[0],
+                "amount": rng.randint(12, 45) + 0.5,
+                "other_id": rng.choice(friends),
+            }
+        )
 
     def setup(self, db: sqlite3.Connection, world: World, v: Variant) -> None:
         texts = (

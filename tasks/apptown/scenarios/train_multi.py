@@ -4,9 +4,11 @@ must look people up instead of assuming who they are (LOOP paper, Figures 3 and 
 from __future__ import annotations
 
 import sqlite3
+from datetime import timedelta
 
 from tasks.apptown.grading import Grader
 from tasks.apptown.scenario import (
+    LOOKUP_BANDS,
     Scenario,
     Variant,
     columns,
@@ -46,6 +48,7 @@ class PaymentsRemindRoommates(Scenario):
     difficulty = 2
     apps = ("phone", "payments")
     split = "train"
+    more_variants = LOOKUP_BANDS
     mistake = "takes payment friends for roommates"
 
     def variants(self, world: World) -> list[Variant]:
@@ -55,8 +58,12 @@ class PaymentsRemindRoommates(Scenario):
             "Some of my roommates still haven't paid the payment requests I sent. Send "
             "a reminder for each pending one.",
             "Send reminders for all my pending payment requests to my roommates.",
+            # the `more_variants` bands cycle through five wordings (variants 1-3 keep theirs)
+            "Nudge each roommate of mine who still owes me on a pending payment request.",
+            "My roommates have payment requests from me they have not settled yet: remind "
+            "them of every one.",
         )
-        return self.make_variants(users, wordings, [{}, {}, {}])
+        return self.make_variants(users, wordings, [{} for _ in users])
 
     def setup(self, db: sqlite3.Connection, world: World, v: Variant) -> None:
         rng = self.rng(world)
@@ -131,19 +138,25 @@ class PaymentsLikeRoommateTransactions(Scenario):
     difficulty = 2
     apps = ("phone", "payments")
     split = "train"
+    more_variants = LOOKUP_BANDS
     mistake = "ignores the date and likes older transactions too"
 
     def variants(self, world: World) -> list[Variant]:
         users = self.pick_users(world, _with_roommates(world))
-        since = (world.now.date().replace(day=1)).isoformat()
+        since = [(world.now.date().replace(day=1)).isoformat()] * 3
+        more = self.rng(world, "more-values")
+        for _ in users[3:]:  # the `more_variants`: a cut-off 5-30 days back, so that the setup's
+            # transactions 3 days old are always in and those 40 days old always out
+            since.append((world.now.date() - timedelta(days=more.randint(5, 30))).isoformat())
         wordings = (
             "Like every payments transaction between me and my roommates made on or after {since}.",
             "Go through the payments I exchanged with my roommates since {since} "
             "(inclusive) and like each one I haven't liked yet.",
             "Please like all transactions from {since} onwards that are between me and "
             "any of my roommates.",
+            "Like each payments transaction between me and any roommate dated {since} or later.",
         )
-        return self.make_variants(users, wordings, [{"since": since}] * 3)
+        return self.make_variants(users, wordings, [{"since": s} for s in since])
 
     def setup(self, db: sqlite3.Connection, world: World, v: Variant) -> None:
         rng = self.rng(world)
@@ -214,17 +227,20 @@ class MusicPlaylistFromLikedArtist(Scenario):
     difficulty = 2
     apps = ("music",)
     split = "train"
+    more_variants = LOOKUP_BANDS
     mistake = "adds every song by the artist, not only the liked ones"
 
     def variants(self, world: World) -> list[Variant]:
         users = self.pick_users(world, [p.id for p in world.society.people])
         rng = self.rng(world)
-        artists = rng.sample(
-            sorted({r["artist"] for r in world.template.rows("SELECT artist FROM music_songs")}), 3
-        )
-        titles = ("Best of {a}", "{a} favourites", "My {a} picks")
+        every = sorted({r["artist"] for r in world.template.rows("SELECT artist FROM music_songs")})
+        artists = rng.sample(every, 3)
+        more = self.rng(world, "more-values")  # the `more_variants`' artists, any of them
+        artists += [more.choice(every) for _ in users[3:]]
+        titles = ("Best of {a}", "{a} favourites", "My {a} picks", "{a} on repeat", "Liked {a}")
         params = [
-            {"artist": a, "title": t.format(a=a)} for a, t in zip(artists, titles, strict=True)
+            {"artist": a, "title": titles[i % len(titles)].format(a=a)}
+            for i, a in enumerate(artists)
         ]
         wordings = (
             "Create a playlist called '{title}' with all the songs by {artist} that I have liked.",
