@@ -22,6 +22,7 @@ from pathlib import Path
 from loop.inspect import terminal
 from loop.inspect.html import Decoder, ReportBuilder
 from loop.inspect.html_summary import summary_html
+from loop.inspect.metrics import change_intervals
 from loop.inspect.summary import Run, by_iteration, by_task, iterations, overview, to_row
 from loop.run.records import (
     InspectError,
@@ -185,7 +186,13 @@ def report_text(runs: Sequence[Run], *, per_task: bool) -> str:
         out.append(f"{run.label}: {counts} from {run.path}")
     if len(runs) == 2:
         before, after = (overview(run.rows)[0][1] for run in runs)
-        out += ["", terminal.compare_table((runs[0].label, runs[1].label), before, after)]
+        first, second = ([row.metrics for row in run.rows] for run in runs)
+        shared = {m.task_id for m in first} & {m.task_id for m in second}
+        intervals = change_intervals(first, second) if shared else None
+        labels = (runs[0].label, runs[1].label)
+        out += ["", terminal.compare_table(labels, before, after, intervals)]
+        if intervals is None:
+            out.append("(no task in both: no intervals)")
         return "\n".join(out)
     run = runs[0]
     out += ["", terminal.metrics_table(overview(run.rows))]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from loop.inspect.metrics import METRICS, MetricSpec, direction, ratio
+from loop.inspect.metrics import INTERVAL_LEVEL, METRICS, MetricSpec, direction, ratio
 from loop.inspect.summary import Aggregate, Row
 
 MISSING = "-"
@@ -67,23 +67,33 @@ def groups_table(groups: Sequence[tuple[str, Aggregate]], first: str) -> str:
     return table(header, rows)
 
 
-def compare_table(labels: tuple[str, str], before: Aggregate, after: Aggregate) -> str:
-    """Each metric for both runs, after/before, the LOOP paper's after/before (32B) and
-    whether the two go the same way."""
+def compare_table(
+    labels: tuple[str, str],
+    before: Aggregate,
+    after: Aggregate,
+    intervals: Mapping[str, tuple[float, float] | None] | None = None,
+) -> str:
+    """Each metric for both runs, after/before with its bootstrap interval over tasks
+    (`metrics.change_intervals`; none given: the runs share no task), the LOOP paper's
+    after/before (32B) and whether the two go the same way."""
     rows = []
     for spec in METRICS:
         change = ratio(before[spec.key], after[spec.key])
+        span = (intervals or {}).get(spec.key)
         rows.append(
             [
                 spec.label,
                 format_value(before[spec.key], spec.kind),
                 format_value(after[spec.key], spec.kind),
                 format_ratio(change),
+                MISSING if span is None else f"[{format_ratio(span[0])}, {format_ratio(span[1])}]",
                 format_ratio(spec.paper),
                 direction(change, spec.paper),
             ]
         )
-    return table(["metric", labels[0], labels[1], "ratio", "paper", "way"], rows, left=(0, 5))
+    level = f"{INTERVAL_LEVEL:.0%} interval"
+    header = ["metric", labels[0], labels[1], "ratio", level, "paper", "way"]
+    return table(header, rows, left=(0, 6))
 
 
 def rollouts_table(rows: Sequence[Row]) -> str:

@@ -66,17 +66,16 @@ def test_compare_prints_ratios(
     after = write_jsonl(tmp_path / "after.jsonl", [rollout_a().to_json()])
     assert main([str(eval_dir), "--compare", str(after)]) == 0
     out = capsys.readouterr().out
-    # after / before, the paper's factor (none for turns) and whether they agree
-    assert row(out, "turns / rollout") == ["3.50", "3.00", "0.86x", "-", "-"]  # 3 / 3.5
+    # after / before, its interval over tasks (one task: one value), the paper's factor (none
+    # for turns) and whether they agree
+    assert "95% interval" in out
+    assert row(out, "turns / rollout") == ["3.50", "3.00", "0.86x", "[0.86x,", "0.86x]", "-", "-"]
     assert row(out, "give-up rate (failed calls)") == [
-        "0.667",
-        "0.000",
-        "0.00x",
-        "0.33x",
-        "as",
-        "paper",
-    ]
-    assert row(out, "'dummy' / rollout") == ["1.00", "2.00", "2.00x", "0.17x", "against"]
+        "0.667", "0.000", "0.00x", "[0.00x,", "0.00x]", "0.33x", "as", "paper",
+    ]  # fmt: skip
+    assert row(out, "'dummy' / rollout") == [
+        "1.00", "2.00", "2.00x", "[2.00x,", "2.00x]", "0.17x", "against",
+    ]  # fmt: skip
 
 
 def test_task_filter_and_per_rollout_lines(

@@ -11,7 +11,9 @@ import pytest
 
 from loop.inspect.metrics import (
     METRICS,
+    RolloutMetrics,
     aggregate,
+    change_intervals,
     code_blocks,
     direction,
     give_up_counts,
@@ -153,3 +155,32 @@ def test_calls_outside_turns_count() -> None:
     traj.api_calls = [call("a.x"), call("a.y", ok=False)]  # the sandbox died mid-step
     m = rollout_metrics(traj)
     assert m.api_calls == 2 and m.failed_api_calls == 1 and m.sequence == ("a.x", "a.y")
+
+
+def metrics(task: str, docs: int, failed: int = 0, recovered: int = 0) -> RolloutMetrics:
+    """A rollout of `task` that read the documentation `docs` times."""
+    return RolloutMetrics(
+        task_id=task, turns=3, api_calls=4, failed_api_calls=failed, show_api_doc=docs,
+        multi_cell_turns=0, execution_errors=0, give_up_failed=failed,
+        give_up_recovered=recovered, assume=0, dummy=0, code_chars=100, success=False,
+        reward=0.0, sequence=(),
+    )  # fmt: skip
+
+
+def test_change_intervals_pair_tasks_and_bound_the_ratio() -> None:
+    tasks = [f"t{i}" for i in range(12)]
+    before = [metrics(t, 1) for t in tasks]
+    # every task reads twice as much after: every draw says 2x
+    assert change_intervals(before, [metrics(t, 2) for t in tasks])["show_api_doc"] == (2.0, 2.0)
+    # half the tasks read 3 times, half 1 time (as before): the interval holds 2x, excludes 1x
+    # and the extremes no draw of 12 tasks reaches (all 3s or all 1s)
+    mixed = [metrics(t, 3 if i % 2 else 1) for i, t in enumerate(tasks)]
+    low, high = change_intervals(before, mixed, seed=1)["show_api_doc"] or (0, 0)
+    assert 1.0 < low < 2.0 < high < 3.0
+    # a task only one group ran is left out of the draws
+    extra = [*mixed, metrics("only_after", 100)]
+    assert change_intervals(before, extra, seed=1)["show_api_doc"] == (low, high)
+    # nothing failed before or after: the give-up rate's change is undefined in every draw
+    assert change_intervals(before, mixed)["give_up_rate"] is None
+    with pytest.raises(ValueError, match="no task in both"):
+        change_intervals(before, [metrics("other", 1)])
