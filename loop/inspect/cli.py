@@ -22,8 +22,15 @@ from pathlib import Path
 from loop.inspect import terminal
 from loop.inspect.html import Decoder, ReportBuilder
 from loop.inspect.html_summary import summary_html
-from loop.inspect.metrics import change_intervals
-from loop.inspect.summary import Run, by_iteration, by_task, iterations, overview, to_row
+from loop.inspect.summary import (
+    Run,
+    by_iteration,
+    by_task,
+    change_intervals_of,
+    iterations,
+    overview,
+    to_row,
+)
 from loop.run.records import (
     InspectError,
     configured_model,
@@ -186,9 +193,7 @@ def report_text(runs: Sequence[Run], *, per_task: bool) -> str:
         out.append(f"{run.label}: {counts} from {run.path}")
     if len(runs) == 2:
         before, after = (overview(run.rows)[0][1] for run in runs)
-        first, second = ([row.metrics for row in run.rows] for run in runs)
-        shared = {m.task_id for m in first} & {m.task_id for m in second}
-        intervals = change_intervals(first, second) if shared else None
+        intervals = change_intervals_of(runs[0].rows, runs[1].rows)
         labels = (runs[0].label, runs[1].label)
         out += ["", terminal.compare_table(labels, before, after, intervals)]
         if intervals is None:

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from loop.inspect.metrics import METRICS, MetricSpec, direction, ratio
-from loop.inspect.summary import Aggregate, Run, by_iteration, by_task, iterations, overview
+from loop.inspect.summary import (
+    Aggregate,
+    Run,
+    by_iteration,
+    by_task,
+    change_intervals_of,
+    iterations,
+    overview,
+)
 from loop.inspect.terminal import format_ratio, format_value, plural, short_name
 from loop.run.rundir import RunDir
 
@@ -24,7 +32,7 @@ def summary_html(runs: Sequence[Run]) -> str:
         labels = (runs[0].label, runs[1].label)
         parts += [
             "<h2>Before / after</h2>",
-            compare_table(labels, before, after),
+            compare_table(labels, before, after, change_intervals_of(runs[0].rows, runs[1].rows)),
             compare_charts(labels, before, after),
         ]
     for run in runs:
@@ -110,17 +118,26 @@ def groups_table(groups: Sequence[tuple[str, Aggregate]], first: str, link: bool
     return f"<table class='groups'><tr><th>{first}</th>{head}</tr>{''.join(rows)}</table>"
 
 
-def compare_table(labels: tuple[str, str], before: Aggregate, after: Aggregate) -> str:
-    """Each metric for both runs, the ratio after/before, the paper's factor and the way."""
+def compare_table(
+    labels: tuple[str, str],
+    before: Aggregate,
+    after: Aggregate,
+    intervals: Mapping[str, tuple[float, float] | None] | None = None,
+) -> str:
+    """Each metric for both runs, the ratio after/before with its bootstrap interval over
+    tasks (none given: the runs share no task), the paper's factor and the way."""
     head = f"<tr><th>metric</th><th>{html.escape(labels[0])}</th>"
     head += f"<th>{html.escape(labels[1])}</th><th>ratio</th>"
+    head += "<th title='tasks drawn with replacement, paired'>95% interval</th>"
     head += "<th title='base Qwen2.5-32B to LOOP, [P] section 5'>paper</th><th>way</th></tr>"
     rows = []
     for s in METRICS:
         change = ratio(before[s.key], after[s.key])
+        span = (intervals or {}).get(s.key)
+        shown = "-" if span is None else f"{format_ratio(span[0])} to {format_ratio(span[1])}"
         rows.append(
             f"<tr>{_label(s)}{_cell(s, before[s.key])}{_cell(s, after[s.key])}"
-            f"<td>{format_ratio(change)}</td><td>{format_ratio(s.paper)}</td>"
+            f"<td>{format_ratio(change)}</td><td>{shown}</td><td>{format_ratio(s.paper)}</td>"
             f"<td>{direction(change, s.paper)}</td></tr>"
         )
     return f"<table class='metrics compare'>{head}{''.join(rows)}</table>"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from loop.inspect.metrics import RolloutMetrics, aggregate, rollout_metrics
+from loop.inspect.metrics import RolloutMetrics, aggregate, change_intervals, rollout_metrics
 from loop.run.records import Rollout
 
 Aggregate = dict[str, float | None]
@@ -70,6 +70,16 @@ def group_by(rows: Sequence[Row], key: Callable[[Row], K]) -> dict[K, list[Row]]
 def aggregate_rows(rows: Sequence[Row]) -> Aggregate:
     """`metrics.aggregate` over rows."""
     return aggregate([row.metrics for row in rows])
+
+
+def change_intervals_of(
+    before: Sequence[Row], after: Sequence[Row]
+) -> dict[str, tuple[float, float] | None] | None:
+    """`metrics.change_intervals` of two groups of rows; None when they share no task."""
+    first, second = [row.metrics for row in before], [row.metrics for row in after]
+    if not {m.task_id for m in first} & {m.task_id for m in second}:
+        return None
+    return change_intervals(first, second)
 
 
 def overview(rows: Sequence[Row]) -> list[tuple[str, Aggregate]]:

@@ -66,6 +66,9 @@ def test_compare_prints_ratios(
     after = write_jsonl(tmp_path / "after.jsonl", [rollout_a().to_json()])
     assert main([str(eval_dir), "--compare", str(after)]) == 0
     out = capsys.readouterr().out
+    report = tmp_path / "compare.html"
+    assert main([str(eval_dir), "--compare", str(after), "--html", str(report)]) == 0
+    assert "<td>2.00x to 2.00x</td>" in report.read_text()  # 'dummy', as in the terminal
     # after / before, its interval over tasks (one task: one value), the paper's factor (none
     # for turns) and whether they agree
     assert "95% interval" in out
