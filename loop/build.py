@@ -27,6 +27,7 @@ from loop.config_types import SuiteOptions
 from loop.generators.base import Generator, GeneratorError, GeneratorStats
 from loop.generators.tokenizer import Tokenizer
 from loop.model.aliases import resolve_model
+from loop.model.heap import bound_heap
 from loop.model.policy import LoraSettings, Policy
 from loop.model.recompute import recompute
 from loop.parts import TrainParts
@@ -208,6 +209,8 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         del weights
     else:
         policy = load(device=config.model.device)
+    if config.model.device == "cpu":  # freed tensors back to the OS (loop/model/heap.py)
+        bound_heap()
     if config.model.recompute != "none":  # activations (loop/model/recompute.py)
         recompute(policy.model, config.model.recompute)
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.

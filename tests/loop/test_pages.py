@@ -159,3 +159,34 @@ held = resident() - before
 trim_heap()
 print(held, resident() - before)
 """
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's mallopt")
+@pytest.mark.parametrize("bounded", [False, True])
+def test_bound_heap_gives_freed_tensors_back(bounded: bool) -> None:
+    """After a 24 MiB block was freed (glibc's threshold then rises to it), 3 MiB tensors freed
+    below a live one stay resident; with `bound_heap` (2 MiB) each had a map of its own and
+    went back at once. A fresh process, without trim_heap."""
+    probe = _BOUND_PROBE.replace("BOUNDED", str(bounded))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    held = int(out.stdout)
+    assert (held < 32 * MIB) if bounded else (held > 128 * MIB), held
+
+
+_BOUND_PROBE = """
+import psutil
+import torch
+from loop.model.heap import bound_heap
+MIB = 2**20
+resident = lambda: psutil.Process().memory_info().rss
+if BOUNDED:
+    bound_heap()
+big = torch.ones(6 * MIB)  # 24 MiB mapped and freed: glibc's threshold rises to it
+del big
+before = resident()
+parts = [torch.ones(3 * MIB // 4) for _ in range(64)]  # 64 x 3 MiB
+kept = parts[-1]  # the last one stays: the heap cannot shrink below it
+del parts
+print(resident() - before)
+"""

@@ -19,13 +19,14 @@ generator calls where sampling and learning hand over to each other.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import mmap
 import sys
 
 import torch
 from torch import Tensor
+
+from loop.model.heap import LIBC as _LIBC
 
 # Address space only: the kernel's overcommit heuristic would refuse a map larger than the
 # memory and swap (36 rows x a 32K-token cap of a small model's float32 keys and values are
@@ -80,17 +81,3 @@ def trim_heap() -> None:
     """
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
-
-
-def _glibc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc_trim  # noqa: B018 (absent outside glibc: musl)
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_LIBC = _glibc()
