@@ -135,7 +135,7 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
     """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied: into the
     policy a backend shares, else loaded as the backend's adapter."""
     name, can = config.generator.backend, backend(config)
-    _set_torch_threads(config)
+    _set_cpu_runtime(config)
     if checkpoint is not None and not can.trains:
         raise ConfigError(
             f"--checkpoint cannot be used with generator.backend {name} (no weights of ours): "
@@ -175,7 +175,7 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         collective_timeout_s=config.train.collective_timeout_s,
         wait_timeout_s=config.train.rollout_wait_timeout_s,
     )
-    _set_torch_threads(config)
+    _set_cpu_runtime(config)
     if config.train.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(config.seed)
@@ -209,8 +209,6 @@ def build_training(config: RunConfig) -> Iterator[TrainParts]:
         del weights
     else:
         policy = load(device=config.model.device)
-    if config.model.device == "cpu":  # freed tensors back to the OS (loop/model/heap.py)
-        bound_heap()
     if config.model.recompute != "none":  # activations (loop/model/recompute.py)
         recompute(policy.model, config.model.recompute)
     # Only rank 0 samples rollouts: one generator and one sandbox pool per run, not per process.
@@ -362,8 +360,12 @@ def vllm_server_args(config: RunConfig, base_model: str, *, enable_lora: bool) -
     return args + list(settings.server_args)
 
 
-def _set_torch_threads(config: RunConfig) -> None:
-    """Cap torch's CPU threads where configured (sandboxes and vLLM's worker share the cores)."""
+def _set_cpu_runtime(config: RunConfig) -> None:
+    """Cap torch's CPU threads where configured (sandboxes and vLLM's worker share the cores);
+    on a CPU, give freed tensors back to the OS (`bound_heap`, loop/model/heap.py): training and
+    evaluation alike."""
+    if config.model.device == "cpu":
+        bound_heap()
     if config.model.torch_threads is not None:
         import torch
 

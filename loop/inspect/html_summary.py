@@ -8,7 +8,7 @@ import html
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from loop.inspect.metrics import METRICS, MetricSpec, direction, ratio
+from loop.inspect.metrics import INTERVAL_LEVEL, METRICS, MetricSpec, ratio
 from loop.inspect.summary import (
     Aggregate,
     Run,
@@ -18,7 +18,7 @@ from loop.inspect.summary import (
     iterations,
     overview,
 )
-from loop.inspect.terminal import format_ratio, format_value, plural, short_name
+from loop.inspect.terminal import change_cells, format_ratio, format_value, plural, short_name
 from loop.run.rundir import RunDir
 
 BEFORE, AFTER = "#9aa5b1", "#2f6fdf"
@@ -128,18 +128,14 @@ def compare_table(
     tasks (none given: the runs share no task), the paper's factor and the way."""
     head = f"<tr><th>metric</th><th>{html.escape(labels[0])}</th>"
     head += f"<th>{html.escape(labels[1])}</th><th>ratio</th>"
-    head += "<th title='tasks drawn with replacement, paired'>95% interval</th>"
+    head += f"<th title='tasks drawn with replacement, paired'>{INTERVAL_LEVEL:.0%} interval</th>"
     head += "<th title='base Qwen2.5-32B to LOOP, [P] section 5'>paper</th><th>way</th></tr>"
     rows = []
     for s in METRICS:
-        change = ratio(before[s.key], after[s.key])
-        span = (intervals or {}).get(s.key)
-        shown = "-" if span is None else f"{format_ratio(span[0])} to {format_ratio(span[1])}"
-        rows.append(
-            f"<tr>{_label(s)}{_cell(s, before[s.key])}{_cell(s, after[s.key])}"
-            f"<td>{format_ratio(change)}</td><td>{shown}</td><td>{format_ratio(s.paper)}</td>"
-            f"<td>{direction(change, s.paper)}</td></tr>"
+        cells = "".join(
+            f"<td>{cell}</td>" for cell in change_cells(s, before, after, intervals, "{} to {}")
         )
+        rows.append(f"<tr>{_label(s)}{_cell(s, before[s.key])}{_cell(s, after[s.key])}{cells}</tr>")
     return f"<table class='metrics compare'>{head}{''.join(rows)}</table>"
 
 

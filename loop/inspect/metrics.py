@@ -33,13 +33,13 @@ factors are in the paper's text), so `--compare` prints each change beside the p
 from __future__ import annotations
 
 import math
-import random
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from statistics import mean
+from dataclasses import dataclass, fields
 from typing import Any, Literal
+
+import numpy as np
 
 from loop.rollout.codeblocks import code_blocks
 from loop.rollout.trajectory import Trajectory, Turn
@@ -193,33 +193,48 @@ def distinct_sequences(rows: Sequence[RolloutMetrics]) -> dict[str, int]:
     return {task: len(sequences) for task, sequences in seen.items()}
 
 
+# What `aggregate` sums over a group's rows, in the order of `_sums`' vector: the rollouts, the
+# tasks and their distinct call sequences (summed over tasks), then each count of a rollout.
+_COUNTS = tuple(f.name for f in fields(RolloutMetrics) if f.name not in ("task_id", "sequence"))
+_SUMS = ("rollouts", "tasks", "distinct_sequences", *_COUNTS)
+
+
 def aggregate(rows: Sequence[RolloutMetrics]) -> dict[str, float | None]:
     """The metrics of `METRICS` over a group of rollouts; None where a ratio is undefined."""
     if not rows:
         raise ValueError("no rollouts to aggregate")
-    turns = sum(r.turns for r in rows)
+    finished = _finish(_sums(rows))
+    return {key: None if math.isnan(value) else float(value) for key, value in finished.items()}
 
-    def per_turn(count: int) -> float | None:
-        return count / turns if turns else None
 
-    return {
-        "rollouts": len(rows),
-        "success_rate": mean(r.success for r in rows),
-        "reward_mean": mean(r.reward for r in rows),
-        "turns": mean(r.turns for r in rows),
-        "api_calls": mean(r.api_calls for r in rows),
-        "failed_api_calls": mean(r.failed_api_calls for r in rows),
-        "show_api_doc": mean(r.show_api_doc for r in rows),
-        "multi_cell_turns": per_turn(sum(r.multi_cell_turns for r in rows)),
-        "execution_errors": per_turn(sum(r.execution_errors for r in rows)),
-        "give_up_rate": give_up_rate(
-            sum(r.give_up_failed for r in rows), sum(r.give_up_recovered for r in rows)
-        ),
-        "assume": mean(r.assume for r in rows),
-        "dummy": mean(r.dummy for r in rows),
-        "code_chars": mean(r.code_chars for r in rows),
-        "distinct_sequences": mean(distinct_sequences(rows).values()),
-    }
+def _sums(rows: Sequence[RolloutMetrics]) -> np.ndarray:
+    """The sums `_finish` turns into metrics (`_SUMS`), over `rows`; sums of disjoint tasks add
+    up to the sums of their union, which lets a bootstrap draw add up task vectors."""
+    sequences = distinct_sequences(rows)
+    counts = np.array([[getattr(r, name) for name in _COUNTS] for r in rows], dtype=float)
+    return np.concatenate(([len(rows), len(sequences), sum(sequences.values())], counts.sum(0)))
+
+
+def _finish(sums: np.ndarray) -> dict[str, np.ndarray]:
+    """The metrics of `METRICS` from sums (`_SUMS` along the last axis, any leading axes, as
+    many draws at once); NaN where a ratio is undefined."""
+    column = dict(zip(_SUMS, np.moveaxis(sums, -1, 0), strict=True))
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0: an undefined rate, NaN
+        per_rollout = {key: column[key] / column["rollouts"] for key in _COUNTS}
+        per_turn = {key: column[key] / column["turns"] for key in _COUNTS}
+        failed, recovered = column["give_up_failed"], column["give_up_recovered"]
+        return {
+            "rollouts": column["rollouts"],
+            "success_rate": per_rollout["success"],
+            "reward_mean": per_rollout["reward"],
+            **{key: per_rollout[key] for key in ("turns", "api_calls", "failed_api_calls")},
+            "show_api_doc": per_rollout["show_api_doc"],
+            "multi_cell_turns": per_turn["multi_cell_turns"],
+            "execution_errors": per_turn["execution_errors"],
+            "give_up_rate": (failed - recovered) / failed,
+            **{key: per_rollout[key] for key in ("assume", "dummy", "code_chars")},
+            "distinct_sequences": column["distinct_sequences"] / column["tasks"],
+        }
 
 
 def direction(change: float | None, paper: float | None) -> str:
@@ -256,32 +271,35 @@ def change_intervals(
     """Each metric's after / before as a percentile bootstrap interval over the tasks both
     groups ran (see the module docstring), over the draws where it is defined; None where more
     draws than the interval leaves out have none (nothing before and after, or a rate
-    undefined in a draw)."""
+    undefined in a draw). A draw adds up its tasks' sums (`_sums`; a task drawn twice counts
+    twice): 2,000 draws of 1,000 rollouts a side take 0.2 s, against 20 s aggregating each
+    draw's rows."""
     if not 0 < level < 1 or draws < 1:
         raise ValueError(f"bad bootstrap: level {level}, draws {draws}")
     rows_before, rows_after = _by_task(before), _by_task(after)
     tasks = sorted(rows_before.keys() & rows_after.keys())
     if not tasks:
         raise ValueError("no task in both groups: nothing to pair")
-    rng = random.Random(seed)
-    ratios: dict[str, list[float]] = {spec.key: [] for spec in METRICS}
-    for _ in range(draws):
-        drawn = rng.choices(tasks, k=len(tasks))
-        first = aggregate([row for task in drawn for row in rows_before[task]])
-        second = aggregate([row for task in drawn for row in rows_after[task]])
-        for key, values in ratios.items():
-            change = ratio(first[key], second[key])
-            if change is not None:
-                values.append(change)
+    rng = np.random.default_rng(seed)
+    # Each draw's sums: the drawn tasks' vectors, a task counted as often as it was drawn.
+    drawn = rng.integers(len(tasks), size=(draws, len(tasks)))
+    times = np.stack([np.bincount(row, minlength=len(tasks)) for row in drawn])
+    first = _finish(times @ np.stack([_sums(rows_before[task]) for task in tasks]))
+    second = _finish(times @ np.stack([_sums(rows_after[task]) for task in tasks]))
     tail = (1 - level) / 2
     out: dict[str, tuple[float, float] | None] = {}
-    for key, values in ratios.items():
+    for spec in METRICS:
+        before_, after_ = first[spec.key], second[spec.key]
+        with np.errstate(divide="ignore", invalid="ignore"):  # ratio's rules, as arrays
+            change = np.where(before_ == 0, np.where(after_ == 0, np.nan, np.inf), after_ / before_)
+        change[np.isnan(before_) | np.isnan(after_)] = np.nan  # undefined before or after
+        values = np.sort(change[~np.isnan(change)])
         if len(values) < (1 - tail) * draws:
-            out[key] = None
+            out[spec.key] = None
             continue
-        values.sort()
         last = len(values) - 1
-        out[key] = (values[math.floor(tail * last)], values[math.ceil((1 - tail) * last)])
+        low, high = values[math.floor(tail * last)], values[math.ceil((1 - tail) * last)]
+        out[spec.key] = (float(low), float(high))
     return out
 
 

@@ -76,24 +76,34 @@ def compare_table(
     """Each metric for both runs, after/before with its bootstrap interval over tasks
     (`metrics.change_intervals`; none given: the runs share no task), the LOOP paper's
     after/before (32B) and whether the two go the same way."""
-    rows = []
-    for spec in METRICS:
-        change = ratio(before[spec.key], after[spec.key])
-        span = (intervals or {}).get(spec.key)
-        rows.append(
-            [
-                spec.label,
-                format_value(before[spec.key], spec.kind),
-                format_value(after[spec.key], spec.kind),
-                format_ratio(change),
-                MISSING if span is None else f"[{format_ratio(span[0])}, {format_ratio(span[1])}]",
-                format_ratio(spec.paper),
-                direction(change, spec.paper),
-            ]
-        )
+    rows = [
+        [
+            spec.label,
+            format_value(before[spec.key], spec.kind),
+            format_value(after[spec.key], spec.kind),
+            *change_cells(spec, before, after, intervals, "[{}, {}]"),
+        ]
+        for spec in METRICS
+    ]
     level = f"{INTERVAL_LEVEL:.0%} interval"
     header = ["metric", labels[0], labels[1], "ratio", level, "paper", "way"]
     return table(header, rows, left=(0, 6))
+
+
+def change_cells(
+    spec: MetricSpec,
+    before: Aggregate,
+    after: Aggregate,
+    intervals: Mapping[str, tuple[float, float] | None] | None,
+    span_format: str,
+) -> tuple[str, str, str, str]:
+    """A compare table's last cells for one metric, the terminal's and the report's: after /
+    before, its interval (`span_format` of both ends; MISSING without one), the paper's factor
+    and whether the two go the same way."""
+    change = ratio(before[spec.key], after[spec.key])
+    span = (intervals or {}).get(spec.key)
+    shown = MISSING if span is None else span_format.format(*map(format_ratio, span))
+    return format_ratio(change), shown, format_ratio(spec.paper), direction(change, spec.paper)
 
 
 def rollouts_table(rows: Sequence[Row]) -> str:
