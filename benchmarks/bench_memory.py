@@ -9,11 +9,12 @@
 descendants': the sandboxes' kernels) every `--interval` seconds with psutil, and keeps the
 command's output with the second each line came. It prints the peak, the log line the peak
 came under, and the peak per stretch of the log (a stretch starts at each line matching
-`--mark`); with `--kinds SECONDS`, also the resident pages by kind at each stretch's largest
-sample (glibc's heap, anonymous maps, the model file, libraries: `/proc/PID/smaps`, into
-`kinds.csv`). `parts` builds the quickstart's policy and generator in this process and measures
-each part's bytes (see `parts`' docstring). Both print one table; `--out` keeps the samples
-(`rss.csv`) and the timestamped log (`log.txt`).
+`--mark`); where the kernel's high-water mark (`/usr/bin/time`'s maximum resident set) rose
+above every sample, between which two samples it did; with `--kinds SECONDS`, also the
+resident pages by kind at each stretch's largest sample (glibc's heap, anonymous maps, the
+model file, libraries: `/proc/PID/smaps`, into `kinds.csv`). `parts` builds the quickstart's
+policy and generator in this process and measures each part's bytes (see `parts`' docstring).
+Both print one table; `--out` keeps the samples (`rss.csv`) and the timestamped log (`log.txt`).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def watch(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     root = psutil.Process(process.pid)
-    samples: list[tuple[float, int, int]] = []  # (seconds, own RSS, descendants' RSS)
+    samples: list[tuple[float, int, int, int]] = []  # (seconds, own RSS, descendants', own HWM)
     kinds: list[tuple[float, dict[str, int]]] = []  # (seconds, resident bytes by kind)
     while process.poll() is None:
         now = time.monotonic() - started
@@ -108,7 +109,7 @@ def watch(
             for child in root.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     kids += child.memory_info().rss
-            samples.append((time.monotonic() - started, own, kids))
+            samples.append((time.monotonic() - started, own, kids, high_water_mark(process.pid)))
         except psutil.Error:
             break
         time.sleep(interval)
@@ -118,8 +119,9 @@ def watch(
         _report_kinds(kinds, lines, re.compile(mark))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        rows = [f"{t:.2f},{own},{kids}" for t, own, kids in samples]
-        (out / "rss.csv").write_text("seconds,rss,descendants_rss\n" + "\n".join(rows) + "\n")
+        rows = [",".join(map(str, (f"{s[0]:.2f}", *s[1:]))) for s in samples]
+        head = "seconds,rss,descendants_rss,high_water_mark"
+        (out / "rss.csv").write_text(head + "\n" + "\n".join(rows) + "\n")
         if kinds:
             table = [f"{t:.1f}," + ",".join(str(k[n]) for n in KINDS) for t, k in kinds]
             head = "seconds," + ",".join(KINDS)
@@ -128,7 +130,20 @@ def watch(
     return process.returncode or 0
 
 
-def _report(samples: list[tuple[float, int, int]], lines: list[tuple[float, str]], mark) -> None:
+def high_water_mark(pid: int) -> int:
+    """`pid`'s peak resident set so far (the kernel's VmHWM, what `/usr/bin/time` reports as the
+    maximum resident set), in bytes; 0 when unreadable. Sampled beside the RSS, it says
+    between which two samples a peak too brief for the samples came."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _report(
+    samples: list[tuple[float, int, int, int]], lines: list[tuple[float, str]], mark
+) -> None:
     if not samples:
         print("no samples")
         return
@@ -139,6 +154,15 @@ def _report(samples: list[tuple[float, int, int]], lines: list[tuple[float, str]
         f"{peak[2] / GB:.2f} GB; their peak {max(s[2] for s in samples) / GB:.2f} GB)"
     )
     print(f"  under: {under[-1] if under else '(before any output)'}")
+    hwm = max(s[3] for s in samples)
+    if hwm > peak[1]:  # the kernel saw a higher peak between two samples: say when
+        reached = next(i for i, s in enumerate(samples) if s[3] == hwm)
+        since = samples[reached - 1][0] if reached else 0.0
+        within = [line for t, line in lines if since - 1 <= t <= samples[reached][0]]
+        print(
+            f"high-water mark {hwm / GB:.2f} GB (the kernel's), between {since:.1f} and "
+            f"{samples[reached][0]:.1f} s: {within[-1] if within else '(no output then)'}"
+        )
     marks = [(t, line) for t, line in lines if mark.search(line)]
     bounds = [(0.0, "(start)"), *marks]
     print("\n| from (s) | stretch | peak RSS GB | RSS at its end GB |\n|---|---|---|---|")
