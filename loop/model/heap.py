@@ -7,8 +7,8 @@ live in the heap, whose free holes stay resident: learner steps at the main job'
 (SmolLM2-135M, LoRA, layers recomputed, rollouts of 700-1,200 tokens) peaked at 2.40 GiB of
 RSS with the threshold left to rise, 2.13 GiB with it fixed at 2 MiB, 1.53 GiB at 1 MiB
 (benchmarks/README.md, third round). A block above the threshold is mapped for itself and
-unmapped when freed, at the cost of a page fault per 4 KiB on its first use: at 1 MiB the
-steps took 1.45x as long, at 2 MiB about 1.1x (one run each, 2 cores).
+unmapped when freed, at the cost of a page fault per 4 KiB on its first use: at 1 MiB the steps
+took 1.04x as long as at 2 MiB (two processes side by side, one thread each, 2 cores).
 
 `bound_heap` fixes the threshold (and so stops its rise); elsewhere than glibc it does nothing.
 `LIBC` is glibc, or None.
@@ -20,7 +20,7 @@ import ctypes
 import sys
 
 # Blocks from this size up get a map of their own (see the module docstring).
-MMAP_THRESHOLD = 2 * 2**20
+MMAP_THRESHOLD = 2**20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
 
 

@@ -164,9 +164,9 @@ print(held, resident() - before)
 @pytest.mark.skipif(_LIBC is None, reason="glibc's mallopt")
 @pytest.mark.parametrize("bounded", [False, True])
 def test_bound_heap_gives_freed_tensors_back(bounded: bool) -> None:
-    """After a 24 MiB block was freed (glibc's threshold then rises to it), 3 MiB tensors freed
-    below a live one stay resident; with `bound_heap` (2 MiB) each had a map of its own and
-    went back at once. A fresh process, without trim_heap."""
+    """After a 24 MiB block was freed (glibc's threshold then rises to it), 1.5 MiB tensors (a
+    600-token row's activations) freed below a live one stay resident; with `bound_heap` (1 MiB)
+    each had a map of its own and went back at once. A fresh process, without trim_heap."""
     probe = _BOUND_PROBE.replace("BOUNDED", str(bounded))
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -185,7 +185,7 @@ if BOUNDED:
 big = torch.ones(6 * MIB)  # 24 MiB mapped and freed: glibc's threshold rises to it
 del big
 before = resident()
-parts = [torch.ones(3 * MIB // 4) for _ in range(64)]  # 64 x 3 MiB
+parts = [torch.ones(3 * MIB // 8) for _ in range(128)]  # 128 x 1.5 MiB
 kept = parts[-1]  # the last one stays: the heap cannot shrink below it
 del parts
 print(resident() - before)
