@@ -163,8 +163,7 @@ def _report(
             f"high-water mark {hwm / GB:.2f} GB (the kernel's), between {since:.1f} and "
             f"{samples[reached][0]:.1f} s: {within[-1] if within else '(no output then)'}"
         )
-    marks = [(t, line) for t, line in lines if mark.search(line)]
-    bounds = [(0.0, "(start)"), *marks]
+    bounds = _stretches(lines, mark)
     print("\n| from (s) | stretch | peak RSS GB | RSS at its end GB |\n|---|---|---|---|")
     for i, (t0, line) in enumerate(bounds):
         t1 = bounds[i + 1][0] if i + 1 < len(bounds) else float("inf")
@@ -176,10 +175,20 @@ def _report(
             )
 
 
+def _stretches(lines: list[tuple[float, str]], mark) -> list[tuple[float, str]]:
+    """Where each stretch of the log starts: the lines matching `mark`, one per run of lines
+    with the same name (the text before the first ':', so a progress bar's updates are one
+    stretch), after the start."""
+    bounds = [(0.0, "(start)")]
+    for t, line in lines:
+        if mark.search(line) and line.split(":")[0] != bounds[-1][1].split(":")[0]:
+            bounds.append((t, line))
+    return bounds
+
+
 def _report_kinds(kinds: list[tuple[float, dict[str, int]]], lines, mark) -> None:
     """Per marked stretch, the resident pages by kind at its largest sample."""
-    marks = [(t, line) for t, line in lines if mark.search(line)]
-    bounds = [(0.0, "(start)"), *marks]
+    bounds = _stretches(lines, mark)
     print("\n| from (s) | stretch | " + " | ".join(KINDS) + " | all (GB) |")
     print("|---" * (len(KINDS) + 3) + "|")
     for i, (t0, line) in enumerate(bounds):
@@ -378,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("watch", help="run a command and sample its RSS")
     w.add_argument("--interval", type=float, default=0.5)
     w.add_argument("--out", type=Path, default=None)
-    w.add_argument("--mark", default=r"^(iteration|eval|warm start|learn|rollouts)")
+    w.add_argument("--mark", default=r"^(iter|eval|warm start|learn|rollouts)")
     w.add_argument(
         "--kinds", type=float, default=0.0, metavar="SECONDS",
         help="also sample the resident pages by kind (heap, anonymous maps, the model file, "
