@@ -204,7 +204,8 @@ def aggregate(rows: Sequence[RolloutMetrics]) -> dict[str, float | None]:
     if not rows:
         raise ValueError("no rollouts to aggregate")
     finished = _finish(_sums(rows))
-    return {key: None if math.isnan(value) else float(value) for key, value in finished.items()}
+    values = {key: None if math.isnan(v) else float(v) for key, v in finished.items()}
+    return values | {"rollouts": len(rows)}  # a count stays an int (JSON, tables)
 
 
 def _sums(rows: Sequence[RolloutMetrics]) -> np.ndarray:
