@@ -250,9 +250,15 @@ def ratio(before: float | None, after: float | None) -> float | None:
     """after / before for `--compare`; None where it is undefined (a missing value or 0 / 0)."""
     if before is None or after is None:
         return None
-    if before == 0:
-        return None if after == 0 else float("inf")
-    return after / before
+    change = float(_ratios(np.asarray(before, dtype=float), np.asarray(after, dtype=float)))
+    return None if math.isnan(change) else change
+
+
+def _ratios(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """`ratio`'s rules on arrays (NaN for undefined, in and out): x / 0 is inf, 0 / 0 NaN."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = np.where(before == 0, np.where(after == 0, np.nan, np.inf), after / before)
+    return np.where(np.isnan(before) | np.isnan(after), np.nan, change)
 
 
 # A change's interval: the share of bootstrap draws it covers, the draws (a percentile interval's
@@ -290,10 +296,7 @@ def change_intervals(
     tail = (1 - level) / 2
     out: dict[str, tuple[float, float] | None] = {}
     for spec in METRICS:
-        before_, after_ = first[spec.key], second[spec.key]
-        with np.errstate(divide="ignore", invalid="ignore"):  # ratio's rules, as arrays
-            change = np.where(before_ == 0, np.where(after_ == 0, np.nan, np.inf), after_ / before_)
-        change[np.isnan(before_) | np.isnan(after_)] = np.nan  # undefined before or after
+        change = _ratios(first[spec.key], second[spec.key])
         values = np.sort(change[~np.isnan(change)])
         if len(values) < (1 - tail) * draws:
             out[spec.key] = None
