@@ -132,10 +132,15 @@ def build_tokenizer(config: RunConfig) -> Any:
 
 
 def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[Generator, Any]:
-    """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir) applied: into the
-    policy a backend shares, else loaded as the backend's adapter."""
+    """The generator and the tokenizer, with `checkpoint` (a LoRA adapter dir, or a checkpoint
+    holding one) applied: into the policy a backend shares, else loaded as the backend's
+    adapter."""
     name, can = config.generator.backend, backend(config)
     _set_cpu_runtime(config)
+    if checkpoint is not None:
+        from loop.model.checkpoint import adapter_dir
+
+        checkpoint = adapter_dir(checkpoint)
     if checkpoint is not None and not can.trains:
         raise ConfigError(
             f"--checkpoint cannot be used with generator.backend {name} (no weights of ours): "

@@ -30,6 +30,7 @@ def evaluate(*args: str) -> subprocess.CompletedProcess[str]:
     [
         (["--split", "validation"], "eval.split: unknown split 'validation'"),
         (["--split", "dev", "--checkpoint", "/no/such/dir"], "checkpoint directory not found"),
+        (["--split", "dev", "--checkpoint", "configs"], "configs: neither a LoRA adapter"),
         (["--split", "dev", "agent.max_turn=3"], "unknown config key agent.max_turn"),
         (["--split", "dev", "--limit", "0"], "eval.limit: must be > 0"),
     ],
@@ -47,3 +48,17 @@ def test_malformed_config_file_is_a_one_line_error(tmp_path: Path) -> None:
     done = evaluate("--config", str(bad), "--split", "dev")
     assert done.returncode == 2 and "not valid YAML" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_checkpoint_means_its_adapter(tmp_path: Path) -> None:
+    from loop.config_types import ConfigError
+    from loop.model.checkpoint import adapter_dir
+
+    checkpoint = tmp_path / "iter-3"
+    (checkpoint / "adapter").mkdir(parents=True)
+    (checkpoint / "adapter" / "adapter_config.json").write_text("{}")
+    assert adapter_dir(checkpoint) == checkpoint / "adapter"
+    assert adapter_dir(checkpoint / "adapter") == checkpoint / "adapter"
+    (tmp_path / "full" / "model").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds full weights"):
+        adapter_dir(tmp_path / "full")

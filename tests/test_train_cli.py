@@ -70,10 +70,11 @@ def test_train_one_iteration_then_evaluate_the_checkpoint(tmp_path: Path) -> Non
         rollouts = [json.loads(line) for line in lines]
     assert len(rollouts) == 4 and all("kept" in r and "advantage" in r for r in rollouts)
 
-    # the checkpoint's adapter evaluated as users do: greedy and sampled passes in one run
+    # the checkpoint evaluated as users do (its directory: the adapter in it is meant), greedy
+    # and sampled passes in one run
     evaluated = run(
         "evaluate.py", "--config", str(QUICKSTART), "--split", "dev", "--limit", "2",
-        "--rollouts-per-task", "1", "--checkpoint", str(adapter), f"output_dir={tmp_path}",
+        "--rollouts-per-task", "1", "--checkpoint", str(adapter.parent), f"output_dir={tmp_path}",
         "agent.max_turns=2", "agent.max_new_tokens=48", "eval.sampled_rollouts_per_task=1",
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

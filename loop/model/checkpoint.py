@@ -78,6 +78,22 @@ def load_weights(model: Any, checkpoint: Path) -> None:
     raise FileNotFoundError(f"{checkpoint}: neither adapter/ nor model/ weights found")
 
 
+def adapter_dir(path: Path) -> Path:
+    """The LoRA adapter `evaluate.py --checkpoint PATH` means: PATH itself when it is a PEFT
+    adapter directory, else a checkpoint's `adapter/` (`runs/<name>/checkpoints/iter-N`).
+
+    Raises ConfigError, naming what PATH holds instead."""
+    for candidate in (path, path / ADAPTER):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    if (path / MODEL).is_dir():
+        raise ConfigError(
+            f"{path}: holds full weights ({MODEL}/), not a LoRA adapter: --checkpoint takes "
+            "an adapter"
+        )
+    raise ConfigError(f"{path}: neither a LoRA adapter directory nor a checkpoint with {ADAPTER}/")
+
+
 def load_adapter(model: Any, adapter: Path) -> None:
     """A PEFT adapter directory's LoRA weights into `model`, a peft model with the same LoRA.
 
