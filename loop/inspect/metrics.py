@@ -180,11 +180,6 @@ def rollout_metrics(traj: Trajectory) -> RolloutMetrics:
     )
 
 
-def give_up_rate(failed: int, recovered: int) -> float | None:
-    """(failed - recovered) / failed; None when nothing failed (the rate is undefined)."""
-    return (failed - recovered) / failed if failed else None
-
-
 def distinct_sequences(rows: Sequence[RolloutMetrics]) -> dict[str, int]:
     """Number of distinct API-call sequences among each task's rollouts."""
     seen: dict[str, set[tuple[str, ...]]] = defaultdict(set)
@@ -232,7 +227,7 @@ def _finish(sums: np.ndarray) -> dict[str, np.ndarray]:
             "show_api_doc": per_rollout["show_api_doc"],
             "multi_cell_turns": per_turn["multi_cell_turns"],
             "execution_errors": per_turn["execution_errors"],
-            "give_up_rate": (failed - recovered) / failed,
+            "give_up_rate": (failed - recovered) / failed,  # NaN when nothing failed
             **{key: per_rollout[key] for key in ("assume", "dummy", "code_chars")},
             "distinct_sequences": column["distinct_sequences"] / column["tasks"],
         }

@@ -17,7 +17,6 @@ from loop.inspect.metrics import (
     code_blocks,
     direction,
     give_up_counts,
-    give_up_rate,
     is_execution_error,
     ratio,
     rollout_metrics,
@@ -80,7 +79,6 @@ def test_give_up_recovery_and_relapse() -> None:
         turn("", (call("b.y"),)),  # b.y recovered: 2; a.x never retried
     ]
     assert give_up_counts(turns) == (3, 2)
-    assert give_up_rate(3, 2) == pytest.approx(1 / 3)
 
 
 def test_give_up_counts_every_endpoint_of_a_failed_turn() -> None:
@@ -89,7 +87,6 @@ def test_give_up_counts_every_endpoint_of_a_failed_turn() -> None:
     turns = [turn("", (call("a.ok"),), error="NameError: name 'x' is not defined")]
     assert give_up_counts(turns) == (1, 0)
     assert give_up_counts([turn("", (), error="SyntaxError")]) == (0, 0)
-    assert give_up_rate(0, 0) is None
 
 
 def test_execution_error_from_structured_fields_or_the_observation() -> None:
