@@ -137,15 +137,15 @@ def build_generator(config: RunConfig, checkpoint: Path | None = None) -> tuple[
     adapter."""
     name, can = config.generator.backend, backend(config)
     _set_cpu_runtime(config)
-    if checkpoint is not None:
-        from loop.model.checkpoint import adapter_dir
-
-        checkpoint = adapter_dir(checkpoint)
     if checkpoint is not None and not can.trains:
         raise ConfigError(
             f"--checkpoint cannot be used with generator.backend {name} (no weights of ours): "
             f"use {having(lambda b: b.trains)}"
         )
+    if checkpoint is not None:
+        from loop.model.checkpoint import adapter_dir
+
+        checkpoint = adapter_dir(checkpoint)
     policy = None
     if can.shares_weights:
         from loop.model.policy import load_policy
