@@ -34,6 +34,7 @@ TRANSFORMERS_DTENSOR = "5.17.0"
 STATE_FILE = "trainer_state.pt"
 MODEL = "model"  # full weights in Hugging Face format (full fine-tuning)
 ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a PEFT adapter
 
 
 def save_weights(model: Any, path: Path) -> None:
@@ -84,7 +85,7 @@ def adapter_dir(path: Path) -> Path:
 
     Raises ConfigError, naming what PATH holds instead."""
     for candidate in (path, path / ADAPTER):
-        if (candidate / "adapter_config.json").is_file():
+        if (candidate / ADAPTER_CONFIG).is_file():
             return candidate
     if (path / MODEL).is_dir():
         raise ConfigError(
