@@ -424,11 +424,12 @@ class WarmStartConfig:
     split: str = doc("train", "tasks of the gold demonstrations and of RFT")
     max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty")
     limit: int | None = doc(None, "the first N of those tasks only (None: all)")
-    style: Literal["episode", "paper", "careful"] = doc(
+    style: Literal["episode", "paper", "careful", "lookup"] = doc(
         "episode",
         'gold: episode (a thought and a cell per turn) | paper ("Execution successful." '
-        "observations) | careful (the API's documentation read before its first call, and in "
-        "half the tasks a failed wrong call before that, not trained on: loop/demos.py)",
+        "observations) | careful (the API's documentation read before its first call, in half "
+        "the tasks after a failed wrong call, not trained on) | lookup (careful, each app's "
+        "APIs listed before the chosen one's documentation: loop/demos.py)",
     )
     rollouts: list[str] = doc_factory(list, "run dirs, eval dirs or rollouts files")
     min_reward: float = doc(1.0, "rollouts and rft: keep rollouts whose reward reaches this")

@@ -18,6 +18,12 @@ Two sources:
   (a stable hash of the task id) a wrong guess at the API's name comes first, fails, and the
   thought of the documentation turn says so: a failed call followed by a recovery. The wrong
   call is a `Mistake`: the agent sees it and its error, but its tokens are not trained on.
+  `style="lookup"` teaches how to find an API rather than which one to call: before the first
+  call of each app the task uses, a turn lists the app's APIs (`show_api_descriptions`) and the
+  next names the one for the step and reads its documentation; the wrong guess comes first in
+  half the (task, app) pairs. An agent that knows no name of an unfamiliar app's APIs can copy
+  one from the list, where a careful agent could only guess (and mostly guessed wrong names on
+  the `lookup` band: configs/quickstart-lookup.yaml).
 - `replayed_demonstrations`: the assistant messages of successful rollouts from rollouts files
   (any run, any model: a teacher evaluated through the `openai` backend, say), replayed through
   the real environment with this policy's tokenizer, so they become token-exact for the student;
@@ -42,7 +48,7 @@ from loop.rollout.prompt import format_assistant
 from loop.rollout.trajectory import Trajectory
 from tasks import Environment, GoldSolutions, SandboxLike, Task, TaskSuite
 
-DemoStyle = Literal["episode", "paper", "careful"]
+DemoStyle = Literal["episode", "paper", "careful", "lookup"]
 PAPER_OBSERVATION = "Execution successful."
 CALL = re.compile(r"apis\.(\w+)\.(\w+)\(")
 PAGED = re.compile(r"apis\.(\w+)\.(\w+)\b(?!\s*\()")  # an API handed to a helper, not called
@@ -79,36 +85,61 @@ def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> 
     cells = episode_cells(cells)
     last = len(cells) - 1
     turns = [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
-    return careful_turns(cells, turns, task.id) if style == "careful" else turns
+    if style in ("careful", "lookup"):
+        return careful_turns(cells, turns, task.id, lookup=style == "lookup")
+    return turns
 
 
-def careful_turns(cells: Sequence[str], turns: list[Message], task_id: str) -> list[Message]:
-    """`turns` with the careful style's turns before the first cell that uses an app's API,
-    called or handed to a paging helper (see the module docstring); unchanged when none does."""
-    first = next(
-        (
-            (i, app, api)
-            for i, cell in enumerate(cells)
-            for app, api in REFERENCE.findall(cell)
-            if app not in ("supervisor", "api_docs") and api != "login"
-        ),
-        None,
-    )
-    if first is None:
-        return turns
-    index, app, api = first
+def careful_turns(
+    cells: Sequence[str], turns: list[Message], task_id: str, *, lookup: bool = False
+) -> list[Message]:
+    """`turns` with the careful style's reading turns before the first cell that uses an app's
+    API, called or handed to a paging helper: for the first app used, or (`lookup`) for each
+    app, with its APIs listed first (see the module docstring); unchanged when none is used."""
+    firsts = first_uses(cells)
+    out = list(turns)
+    for index, app, api in reversed(firsts if lookup else firsts[:1]):
+        key = f"{task_id}/{app}" if lookup else task_id  # which (task, app) guesses wrong first
+        out[index:index] = _reading_turns(app, api, zlib.crc32(key.encode()) % 2 == 1, lookup)
+    return out
+
+
+def first_uses(cells: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(cell index, app, api) of each app's first API reference (a login, the supervisor and
+    the documentation aside), in the order the cells make them."""
+    seen: dict[str, tuple[int, str, str]] = {}
+    for i, cell in enumerate(cells):
+        for app, api in REFERENCE.findall(cell):
+            if app not in ("supervisor", "api_docs") and api != "login" and app not in seen:
+                seen[app] = (i, app, api)
+    return list(seen.values())
+
+
+def _reading_turns(app: str, api: str, guess_first: bool, lookup: bool) -> list[Message]:
+    """The turns a careful agent plays before its first use of `app.api`."""
     doc = f'print(apis.api_docs.show_api_doc(app_name="{app}", api_name="{api}"))'
-    if zlib.crc32(task_id.encode()) % 2 == 0:
-        read = f"Before I call {app}.{api} I read its documentation, to pass the right arguments."
-        return [*turns[:index], format_assistant(read, doc), *turns[index:]]
     verb, _, rest = api.partition("_")
     wrong = f"{WRONG_VERBS.get(verb, 'get')}_{rest or verb}"
-    guess = f"Next I use {app}.{wrong} for what the task asks."
-    mistake = Mistake(format_assistant(guess, f"print(apis.{app}.{wrong}())"))
-    read = (
-        f"That call failed: {app}.{wrong} is not an API. I read the documentation of {app}.{api}."
-    )
-    return [*turns[:index], mistake, format_assistant(read, doc), *turns[index:]]
+    failed = f"That call failed: {app}.{wrong} is not an API."
+    turns: list[Message] = []
+    if guess_first:
+        guess = f"Next I use {app}.{wrong} for what the task asks."
+        turns.append(Mistake(format_assistant(guess, f"print(apis.{app}.{wrong}())")))
+    if not lookup:
+        read = (
+            f"{failed} I read the documentation of {app}.{api}."
+            if guess_first
+            else f"Before I call {app}.{api} I read its documentation, to pass the right arguments."
+        )
+        return [*turns, format_assistant(read, doc)]
+    listing = f'print(apis.api_docs.show_api_descriptions(app_name="{app}"))'
+    why = f"{failed} I list" if guess_first else f"I have not used {app} yet: I list"
+    read = f"{app}.{api} is the API for this step: I read its documentation, for its arguments."
+    return [
+        *turns,
+        format_assistant(f"{why} the APIs of {app} to find the one for this step.", listing),
+        format_assistant(read, doc),
+    ]
 
 
 def untrain_mistakes(traj: Trajectory, messages: Sequence[Message]) -> None:
