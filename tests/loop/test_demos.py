@@ -123,6 +123,35 @@ def test_the_careful_variant_reads_the_doc_recovers_and_trains_only_the_recovery
     assert all(recovering.is_output[i] for i in range(read.output_start, read.output_end))
 
 
+def test_the_lookup_variant_lists_each_apps_apis_then_reads_the_chosen_ones_doc(
+    suite: Any, pool: KernelPool, tokenizer: Any
+) -> None:
+    task = suite.task("payments_remind_roommates_1")  # phone, then payments
+    plain = gold_scripts(suite, task)
+    messages = gold_scripts(suite, task, "lookup")
+    mistakes = [m for m in messages if isinstance(m, Mistake)]
+    assert mistakes and len(mistakes) < 2  # this task guesses wrong for phone only
+    # per app: a list and a documentation read, a wrong guess first in some (task, app) pairs
+    assert len(messages) == len(plain) + 2 * 2 + len(mistakes)
+    [demo] = run([(task, messages)], suite, pool, tokenizer)
+    assert demo.reward == 1.0 and demo.success  # the same final state as the gold solution
+    codes = [turn.code for turn in demo.turns]
+    for app, api in (("phone", "search_contacts"), ("payments", "show_sent_payment_requests")):
+        listed = codes.index(f'print(apis.api_docs.show_api_descriptions(app_name="{app}"))')
+        read = demo.turns[listed + 1]
+        assert f'show_api_doc(app_name="{app}", api_name="{api}")' in read.code
+        assert api in demo.turns[listed].observation  # the name is copied from the list
+        assert read.text.startswith(f"{app}.{api} is the API for this step")
+        before = [c for t in demo.turns[:listed] for c in t.api_calls if c["app"] == app]
+        assert all(c["api"] == "login" or not c["ok"] for c in before)  # a guess at most
+    for turn in demo.turns:  # each wrong guess failed, was shown and not trained on
+        if turn.code.startswith("print(apis.") and "api_docs" not in turn.code:
+            assert turn.error is not None
+            assert not any(demo.is_output[turn.output_start : turn.output_end])
+    careful = gold_scripts(suite, task, "careful")  # one read, for the first app only
+    assert sum("show_api_doc(" in m for m in careful if isinstance(m, str)) == 1
+
+
 def test_a_careful_wrong_call_that_succeeds_is_refused(
     suite: Any, pool: KernelPool, tokenizer: Any
 ) -> None:
