@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from statistics import mean
 from typing import Any
 
+from loop.rollout.task_sampler import group_signal
 from loop.rollout.trajectory import INFRA_STATUSES, Trajectory
 
 
@@ -113,6 +114,7 @@ def iteration_metrics(
         return {"rollout/count": 0.0, "rollout/discarded": float(discarded)}
     scored = [t for t, present in zip(flat, credit.present, strict=True) if present]
     statuses = Counter(t.status for t in flat)
+    signals = group_signals(groups, credit)
     present_count = sum(credit.present)
     metrics: dict[str, float] = {
         "rollout/count": len(flat),
@@ -132,6 +134,7 @@ def iteration_metrics(
         "rollout/infra_failure_share": sum(t.infra_failure for t in flat) / len(flat),
         "rollout/groups_dropped": credit.groups_dropped,
         "rollout/kept": sum(kept),
+        **{f"rollout/groups_{kind}": signals[kind] for kind in ("stuck", "solved")},
         "rollout/filtered_fraction": 1 - sum(kept) / present_count if present_count else 0,
         "rollout/turns_mean": mean(len(t.turns) for t in flat),
         "rollout/output_tokens_mean": mean(sum(t.is_output) for t in flat),
@@ -147,6 +150,21 @@ def iteration_metrics(
     for difficulty, successes in sorted(by_difficulty.items()):
         metrics[f"rollout/success_rate/d{difficulty}"] = mean(successes)
     return metrics
+
+
+def group_signals(groups: Sequence[Sequence[Trajectory]], credit: Any) -> Counter[str]:
+    """How many groups can teach something ("signal"), which all succeeded ("solved") and which
+    all scored one reward short of success ("stuck"), by the training reward of their scored
+    rollouts (`credit`, flattened in group order): a leave-one-out or group baseline gives the
+    other two an advantage of 0 everywhere, so they are filtered out whole."""
+    counts: Counter[str] = Counter()
+    start = 0
+    for group in groups:
+        scored = [i for i in range(start, start + len(group)) if credit.present[i]]
+        rewards = [credit.rewards[i] for i in scored]
+        counts[group_signal(rewards, [bool(group[i - start].success) for i in scored])] += 1
+        start += len(group)
+    return counts
 
 
 def infra_failure_problem(

@@ -103,6 +103,12 @@ def learning_report(run_dir: Path) -> str:
         lines.append(
             "  wall time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in stages.items())
         )
+    trained = [r for r in records if r.get("rollout/count")]
+    if idle := [r["iteration"] + 1 for r in trained if not r.get("rollout/kept")]:
+        lines.append(
+            f"  nothing kept in {len(idle)} of {len(trained)} iterations (every group's rollouts "
+            f"scored one reward): iterations {', '.join(map(str, idle))}"
+        )
     picture = plot_learning_curve(run_dir, records)
     if picture is not None:
         lines.append(f"  learning curve: {picture}")

@@ -75,12 +75,24 @@ def summary_line(iteration: int, total: int, m: dict[str, float]) -> str:
     return (
         f"iter {iteration + 1}/{total} | reward {f('rollout/reward_mean')} "
         f"success {f('rollout/success_rate')} | kept {f('rollout/kept', '.0f')}/"
-        f"{f('rollout/count', '.0f')} (filtered {f('rollout/filtered_fraction', '.2f')}) | "
+        f"{f('rollout/count', '.0f')} (filtered {f('rollout/filtered_fraction', '.2f')}"
+        f"{_no_signal(m)}) | "
         f"clip {f('loss/clipfrac')} kl {f('loss/kl_k1', '.4f')} "
         f"gnorm {f('loss/grad_norm')} | {f('throughput/generated_tokens_per_s', '.1f')} tok/s | "
         f"rollout {f('time/rollout_s', '.0f')}s learn {f('time/learn_s', '.0f')}s "
         f"sync {f('time/sync_s', '.0f')}s"
     )
+
+
+def _no_signal(m: dict[str, float]) -> str:
+    """`; of 4 groups 4 stuck` (`; of 6 groups 1 stuck, 2 solved`) when some groups had one
+    reward in every rollout and so taught nothing; empty otherwise."""
+    keys = ("rollout/groups_stuck", "rollout/groups_solved", "rollout/tasks")
+    stuck, solved, tasks = (m.get(key) or 0 for key in keys)
+    if not tasks or not (stuck or solved):
+        return ""
+    said = ", ".join(f"{n:.0f} {kind}" for kind, n in (("stuck", stuck), ("solved", solved)) if n)
+    return f"; of {tasks:.0f} groups {said}"
 
 
 def write_rollouts(

@@ -18,6 +18,7 @@ from loop.run.metrics import (
     pass_at_k,
     scenario_goal_completion,
 )
+from loop.run.runlog import summary_line
 
 
 def traj(
@@ -111,6 +112,28 @@ def test_training_reward_and_success_count_excluded_rollouts_as_zero() -> None:
     assert m["rollout/success_rate_scored"] == pytest.approx(1 / 3)
     assert m["rollout/infra_failure_share"] == pytest.approx(1 / 4)
     assert m["rollout/kept"] == 2 and m["rollout/filtered_fraction"] == pytest.approx(1 / 3)
+
+
+def test_groups_that_teach_nothing_are_counted_and_named_in_the_iteration_line() -> None:
+    stuck = [traj("a_1", k, False, reward=0.5) for k in range(3)]
+    solved = [traj("b_1", k, True) for k in range(3)]
+    mixed = [traj("c_1", 0, True), traj("c_1", 1, False, reward=0.5), traj("c_1", 2, True)]
+    # an excluded rollout leaves its group's scored ones: still one reward, still stuck
+    excluded = [traj("d_1", 0, False, reward=0.0), traj("d_1", 1, False, reward=None)]
+    excluded[1].status = "env_error"  # type: ignore[assignment]
+    groups = [stuck, solved, mixed, excluded]
+    credit = assign_credit(groups, method="loo", reward="fraction", threshold=0.01)
+    m = iteration_metrics(groups, credit, 0, [], credit.keep)
+    assert (m["rollout/groups_stuck"], m["rollout/groups_solved"]) == (2, 1)
+    assert m["rollout/kept"] == 3  # the mixed group's, only
+    line = summary_line(0, 4, m)
+    assert "kept 3/11 (filtered 0.70; of 4 groups 2 stuck, 1 solved) |" in line
+    only = [traj("e_1", k, False, reward=0.5) for k in range(2)]
+    credit = assign_credit([only], method="loo", reward="fraction", threshold=0.01)
+    m = iteration_metrics([only], credit, 0, [], credit.keep)
+    assert "kept 0/2 (filtered 1.00; of 1 groups 1 stuck) |" in summary_line(0, 4, m)
+    m["rollout/groups_stuck"] = 0
+    assert "(filtered 1.00) |" in summary_line(0, 4, m)  # nothing said when all taught
 
 
 def test_too_many_infrastructure_failures_stop_the_run_naming_the_statuses() -> None:

@@ -48,8 +48,13 @@ def test_both_passes_are_compared_and_a_scenario_that_fell_beyond_noise_is_marke
     assert write.endswith("FELL")  # 2/12 lies below the first interval [0.55, 0.95]
     assert not any("FELL" in row for row in tables["heldout"])  # 6/12 -> 6/12
 
+    for iteration, kept in enumerate([0, 5, 0, 3]):  # iterations 1 and 3 learned nothing
+        run.append_metrics({"iteration": iteration, "rollout/count": 8, "rollout/kept": kept})
     report = learning_report(run.path)
     assert "heldout: 0.250" in report and "heldout@T1: 0.417" in report  # both passes
+    assert "nothing kept in 2 of 4 iterations" in report and report.endswith(
+        "iterations 1, 3\n  learning curve: " + str(run.learning_curve)
+    )
     assert "per scenario, heldout@T1" in report and report.count("FELL") == 1
     assert run.learning_curve.is_file()
 
