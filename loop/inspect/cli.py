@@ -22,6 +22,7 @@ from pathlib import Path
 from loop.inspect import terminal
 from loop.inspect.html import Decoder, ReportBuilder
 from loop.inspect.html_summary import summary_html
+from loop.inspect.picture import plot_changes
 from loop.inspect.summary import (
     Run,
     by_iteration,
@@ -60,6 +61,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--compare-iteration", help="--iteration for OTHER (default: the same)")
     p.add_argument("--html", type=Path, metavar="OUT", help="write the HTML report here")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the metrics as JSON here")
+    plot = "with --compare: draw each change with its interval beside the paper's (PNG)"
+    p.add_argument("--plot", type=Path, metavar="OUT", help=plot)
     p.add_argument("--per-task", action="store_true", help="also print a table per task")
     p.add_argument(
         "--tokenizer", metavar="NAME",
@@ -89,9 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Read, summarise, print, write."""
     started = time.monotonic()
-    for out in (args.html, args.json):
+    for out in (args.html, args.json, args.plot):
         if out is not None and not out.parent.is_dir():
             raise InspectError(f"cannot write {out}: directory {out.parent} does not exist")
+    if args.plot is not None and args.compare is None:
+        raise InspectError("--plot draws a before/after comparison: give --compare OTHER too")
     builder = ReportBuilder(token_budget=max(0, args.token_budget)) if args.html else None
     specs = [(args.path, args.iteration)]
     if args.compare is not None:
@@ -100,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     if len(runs) == 2 and runs[0].label == runs[1].label:
         runs[0].label, runs[1].label = f"{runs[0].label} [1]", f"{runs[1].label} [2]"
     print(report_text(runs, per_task=args.per_task or args.task is not None))
+    if args.plot is not None:
+        before, after = (overview(run.rows)[0][1] for run in runs)
+        intervals = change_intervals_of(runs[0].rows, runs[1].rows)
+        labels = (runs[0].label, runs[1].label)
+        print(f"picture in {plot_changes(labels, before, after, intervals, args.plot)}")
     if args.json is not None:
         _write(args.json, json.dumps(metrics_json(runs), indent=2) + "\n")
         print(f"metrics in {args.json}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from loop.inspect.cli import main
+from loop.inspect.picture import RATIO_CEILING, RATIO_FLOOR, on_axis
 from tests.inspect.builders import rollout_a, rollout_b, write_jsonl
 from tests.inspect.test_load import make_run
 
@@ -79,6 +81,11 @@ def test_compare_prints_ratios(
     assert row(out, "'dummy' / rollout") == [
         "1.00", "2.00", "2.00x", "[2.00x,", "2.00x]", "0.17x", "against",
     ]  # fmt: skip
+    picture = tmp_path / "compare.png"  # a 0x change (give-up) is drawn at the axis' end
+    assert main([str(eval_dir), "--compare", str(after), "--plot", str(picture)]) == 0
+    assert f"picture in {picture}" in capsys.readouterr().out
+    assert picture.read_bytes().startswith(b"\x89PNG\r\n")
+    assert (on_axis(0.0), on_axis(math.inf), on_axis(0.86)) == (RATIO_FLOOR, RATIO_CEILING, 0.86)
 
 
 def test_task_filter_and_per_rollout_lines(
@@ -100,6 +107,7 @@ def test_errors_are_one_line(
         [str(eval_dir), "--html", str(tmp_path / "no" / "such" / "dir" / "r.html")],
         [str(eval_dir), "--split", "test_normal"],
         [str(eval_dir), "--iteration", "3"],
+        [str(eval_dir), "--plot", str(tmp_path / "alone.png")],  # nothing to compare
     ]
     for argv in cases:
         assert main(argv) == 2, argv
