@@ -133,9 +133,9 @@ from loop.rollout.collect import VersionPin, by_group, collect_rollouts, iterati
 from loop.rollout.prompt import prompt_example
 from loop.rollout.search import PairBuffer, search_pairs
 from loop.rollout.staleness import assemble, staleness_metrics
-from loop.rollout.task_sampler import TaskSampler, group_signal, training_tasks
+from loop.rollout.task_sampler import TaskSampler, training_tasks
 from loop.rollout.trajectory import Trajectory
-from loop.run.metrics import infra_failure_problem, iteration_metrics, throughput
+from loop.run.metrics import group_signals, infra_failure_problem, iteration_metrics, throughput
 from loop.run.report import learning_report
 from loop.run.rundir import RunDir, write_config
 from loop.run.runlog import RunLog, summary_line, write_rollouts
@@ -208,7 +208,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         metrics |= iteration_metrics(groups, credit, discarded, samples, kept)
         if problem := infra_failure_problem(metrics, cfg.max_infra_failure_share, groups):
             raise RuntimeError(problem)
-        metrics |= record_signals(sampler, groups, cfg.reward)
+        metrics |= record_signals(sampler, groups, credit)
         # 3b. Overlap (overlap.max_staleness S >= 1): draw and dispatch the next iterations' groups
         #     now, so the servers sample them while steps 4-5 run in a worker thread.
         ahead.dispatch_ahead(iteration, draw)
@@ -295,13 +295,11 @@ async def finish(
 
 
 def record_signals(
-    sampler: TaskSampler, groups: list[list[Trajectory]], reward: str
+    sampler: TaskSampler, groups: list[list[Trajectory]], credit: Credit
 ) -> dict[str, float]:
     """Tell the sampler what each group taught; its skip counts since the last iteration."""
-    for group in groups:
-        scored = [t for t in group if not t.infra_failure and t.reward is not None]
-        rewards = [rollout_reward(t, reward) for t in scored]
-        sampler.record(group[0].task_id, group_signal(rewards, [bool(t.success) for t in scored]))
+    for group, signal in zip(groups, group_signals(groups, credit), strict=True):
+        sampler.record(group[0].task_id, signal)
     return {k: float(v) for k, v in sampler.take_skip_counts().items()}
 
 

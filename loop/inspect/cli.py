@@ -24,6 +24,8 @@ from loop.inspect.html import Decoder, ReportBuilder
 from loop.inspect.html_summary import summary_html
 from loop.inspect.picture import plot_changes
 from loop.inspect.summary import (
+    Aggregate,
+    Intervals,
     Run,
     by_iteration,
     by_task,
@@ -104,12 +106,10 @@ def run(args: argparse.Namespace) -> int:
     runs = [_read(path, spec, args, builder, index) for index, (path, spec) in enumerate(specs)]
     if len(runs) == 2 and runs[0].label == runs[1].label:
         runs[0].label, runs[1].label = f"{runs[0].label} [1]", f"{runs[1].label} [2]"
-    print(report_text(runs, per_task=args.per_task or args.task is not None))
-    if args.plot is not None:
-        before, after = (overview(run.rows)[0][1] for run in runs)
-        intervals = change_intervals_of(runs[0].rows, runs[1].rows)
-        labels = (runs[0].label, runs[1].label)
-        print(f"picture in {plot_changes(labels, before, after, intervals, args.plot)}")
+    compared = comparison(runs) if len(runs) == 2 else None
+    print(report_text(runs, compared, per_task=args.per_task or args.task is not None))
+    if args.plot is not None and compared is not None:
+        print(f"picture in {plot_changes(*compared, args.plot)}")
     if args.json is not None:
         _write(args.json, json.dumps(metrics_json(runs), indent=2) + "\n")
         print(f"metrics in {args.json}")
@@ -194,19 +194,27 @@ def _folder_label(folder: Path) -> str:
     return folder.name
 
 
-def report_text(runs: Sequence[Run], *, per_task: bool) -> str:
-    """What the terminal shows."""
+Comparison = tuple[tuple[str, str], Aggregate, Aggregate, Intervals]
+
+
+def comparison(runs: Sequence[Run]) -> Comparison:
+    """Two runs' labels, their overall metrics and each change's interval (None: no task in
+    both), for the table and the picture."""
+    before, after = (overview(run.rows)[0][1] for run in runs)
+    labels = (runs[0].label, runs[1].label)
+    return labels, before, after, change_intervals_of(runs[0].rows, runs[1].rows)
+
+
+def report_text(runs: Sequence[Run], compared: Comparison | None, *, per_task: bool) -> str:
+    """What the terminal shows (`compared`: the two runs' `comparison`)."""
     out = []
     for run in runs:
         tasks = len({row.task_id for row in run.rows})
         counts = f"{terminal.plural(len(run.rows), 'rollout')} of {terminal.plural(tasks, 'task')}"
         out.append(f"{run.label}: {counts} from {run.path}")
-    if len(runs) == 2:
-        before, after = (overview(run.rows)[0][1] for run in runs)
-        intervals = change_intervals_of(runs[0].rows, runs[1].rows)
-        labels = (runs[0].label, runs[1].label)
-        out += ["", terminal.compare_table(labels, before, after, intervals)]
-        if intervals is None:
+    if compared is not None:
+        out += ["", terminal.compare_table(*compared)]
+        if compared[3] is None:
             out.append("(no task in both: no intervals)")
         return "\n".join(out)
     run = runs[0]

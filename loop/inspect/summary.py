@@ -16,6 +16,7 @@ from loop.inspect.metrics import RolloutMetrics, aggregate, change_intervals, ro
 from loop.run.records import Rollout
 
 Aggregate = dict[str, float | None]
+Intervals = dict[str, tuple[float, float] | None] | None  # change_intervals_of's
 K = TypeVar("K", bound=Hashable)
 
 
@@ -72,9 +73,7 @@ def aggregate_rows(rows: Sequence[Row]) -> Aggregate:
     return aggregate([row.metrics for row in rows])
 
 
-def change_intervals_of(
-    before: Sequence[Row], after: Sequence[Row]
-) -> dict[str, tuple[float, float] | None] | None:
+def change_intervals_of(before: Sequence[Row], after: Sequence[Row]) -> Intervals:
     """`metrics.change_intervals` of two groups of rows; None when they share no task."""
     first, second = [row.metrics for row in before], [row.metrics for row in after]
     if not {m.task_id for m in first} & {m.task_id for m in second}:

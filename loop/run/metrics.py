@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from statistics import mean
 from typing import Any
 
-from loop.rollout.task_sampler import group_signal
+from loop.rollout.task_sampler import Signal, group_signal
 from loop.rollout.trajectory import INFRA_STATUSES, Trajectory
 
 
@@ -114,7 +114,7 @@ def iteration_metrics(
         return {"rollout/count": 0.0, "rollout/discarded": float(discarded)}
     scored = [t for t, present in zip(flat, credit.present, strict=True) if present]
     statuses = Counter(t.status for t in flat)
-    signals = group_signals(groups, credit)
+    signals = Counter(group_signals(groups, credit))
     present_count = sum(credit.present)
     metrics: dict[str, float] = {
         "rollout/count": len(flat),
@@ -152,19 +152,18 @@ def iteration_metrics(
     return metrics
 
 
-def group_signals(groups: Sequence[Sequence[Trajectory]], credit: Any) -> Counter[str]:
-    """How many groups can teach something ("signal"), which all succeeded ("solved") and which
-    all scored one reward short of success ("stuck"), by the training reward of their scored
-    rollouts (`credit`, flattened in group order): a leave-one-out or group baseline gives the
-    other two an advantage of 0 everywhere, so they are filtered out whole."""
-    counts: Counter[str] = Counter()
+def group_signals(groups: Sequence[Sequence[Trajectory]], credit: Any) -> list[Signal]:
+    """What each group can teach (`group_signal`: "signal", "solved" or "stuck"), by the training
+    reward of its scored rollouts (`credit`, flattened in group order): a leave-one-out or group
+    baseline gives "solved" and "stuck" groups an advantage of 0 everywhere."""
+    signals: list[Signal] = []
     start = 0
     for group in groups:
         scored = [i for i in range(start, start + len(group)) if credit.present[i]]
         rewards = [credit.rewards[i] for i in scored]
-        counts[group_signal(rewards, [bool(group[i - start].success) for i in scored])] += 1
+        signals.append(group_signal(rewards, [bool(group[i - start].success) for i in scored]))
         start += len(group)
-    return counts
+    return signals
 
 
 def infra_failure_problem(

@@ -106,8 +106,8 @@ def learning_report(run_dir: Path) -> str:
     trained = [r for r in records if r.get("rollout/count")]
     if idle := [r["iteration"] + 1 for r in trained if not r.get("rollout/kept")]:
         lines.append(
-            f"  nothing kept in {len(idle)} of {len(trained)} iterations (every group's rollouts "
-            f"scored one reward): iterations {', '.join(map(str, idle))}"
+            f"  nothing kept in {len(idle)} of {len(trained)} iterations (no rollout's advantage "
+            f"passed the filter): iterations {', '.join(map(str, idle))}"
         )
     picture = plot_learning_curve(run_dir, records)
     if picture is not None:
