@@ -214,7 +214,19 @@ def run_quickstart(
     if child.returncode != 0:
         tail = log.read_text()[-800:].strip()
         raise RuntimeError(f"{row}: train.py exited {child.returncode} (log {log}): {tail}")
-    return {"wall_s": time.monotonic() - started, "peak_rss_mib": usage.ru_maxrss / KIB}
+    return {"wall_s": time.monotonic() - started, "peak_rss_mib": usage.ru_maxrss / KIB,
+            "cpu": cpu_model()}  # fmt: skip
+
+
+def cpu_model() -> str:
+    """The machine's CPU model (rows of one table may be measured on different machines: wall
+    times compare only within one)."""
+    for line in (
+        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    ):
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    return f"unknown x{os.cpu_count()}"
 
 
 def run_synthetic(row: str, seed: int, iterations: int | None, out: Path) -> dict[str, Any]:

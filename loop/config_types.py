@@ -64,9 +64,7 @@ class ModelConfig:
         "which layers get LoRA adapters (PEFT's target_modules; all-linear: every linear layer)",
     )
     load_in_4bit: bool = doc(False, "4-bit base via bitsandbytes (CUDA only)")
-    gradient_checkpointing: bool = doc(
-        False, "recompute activations in the backward pass (less memory, more time)"
-    )
+    gradient_checkpointing: bool = doc(False, "recompute activations in backward: less memory")
     torch_threads: int | None = doc(None, "CPU threads for torch ops (None: torch's default)")
     recompute: Literal["none", "mlp", "layers"] = doc("none", "recomputed in backward, not kept")
     init_adapter: str | None = doc(None, "start from this PEFT LoRA adapter directory (LoRA only)")
@@ -170,6 +168,7 @@ class EvalConfig:
     split: str = doc("dev", "the split to evaluate (apptown adds easy, lookup and their _heldout)")
     more_splits: list[str] = doc_factory(list, "also evaluated during training")
     rollouts_per_task: int = doc(1, "K for pass@k")
+    max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty, every split")
     limit: int | None = doc(None, "evaluate only the first N tasks of the split")
     max_concurrent_rollouts: int = doc(8, "rollouts in flight at once, all passes together")
     temperature: float | None = doc(None, "sampling temperature (None: agent.temperature)")

@@ -26,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loop.config import AgentConfig, RunConfig
+from loop.config import AgentConfig, ConfigError, RunConfig
 from loop.generators.base import Generator
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
@@ -134,7 +134,14 @@ async def run_evaluation(
     bound on rollouts in flight shared with other passes, else `eval.max_concurrent_rollouts`
     of this pass's)."""
     split = split or config.eval.split
-    tasks = suite.tasks(split)
+    tasks = [
+        t
+        for t in suite.tasks(split)
+        if config.eval.max_difficulty is None or t.difficulty <= config.eval.max_difficulty
+    ]
+    if not tasks:
+        limit = config.eval.max_difficulty
+        raise ConfigError(f"eval: split {split!r} has no task of difficulty <= {limit}")
     if config.eval.limit is not None:
         tasks = tasks[: config.eval.limit]
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)

@@ -33,6 +33,7 @@ def evaluate(*args: str) -> subprocess.CompletedProcess[str]:
         (["--split", "dev", "--checkpoint", "configs"], "configs: neither a LoRA adapter"),
         (["--split", "dev", "agent.max_turn=3"], "unknown config key agent.max_turn"),
         (["--split", "dev", "--limit", "0"], "eval.limit: must be > 0"),
+        (["--split", "dev", "eval.max_difficulty=0"], "split 'dev' has no task of difficulty <= 0"),
     ],
 )
 def test_bad_input_is_a_one_line_error(args: list[str], message: str) -> None:

@@ -29,8 +29,9 @@ from tasks.core import SPLITS, SandboxLike, Task, TestReport
 # The AppWorld-style splits, then the easy band for small models: `easy` (more variants of the
 # difficulty-1 train scenarios, for warm start and RL) and `easy_heldout` (variants of the same
 # scenarios that no training uses, for measuring what training did); then the lookup band:
-# `lookup` and `lookup_heldout`, more variants of difficulty-2 train scenarios whose APIs the
-# easy band's gold solutions never call (where reading the documentation pays).
+# `lookup` and `lookup_heldout`, more variants of difficulty-2 train scenarios and difficulty-1
+# scenarios of their own, all needing APIs the easy band's gold solutions never call (where
+# reading the documentation pays).
 APPTOWN_SPLITS: tuple[str, ...] = (*SPLITS, "easy", "easy_heldout", "lookup", "lookup_heldout")
 
 if TYPE_CHECKING:

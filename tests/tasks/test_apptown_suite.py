@@ -60,14 +60,18 @@ def test_the_easy_band_holds_out_variants_no_training_split_has(suite: AppTownSu
 
 
 def test_the_lookup_band_holds_out_variants_no_training_split_has(suite: AppTownSuite) -> None:
+    """Difficulty 2: variants of train scenarios (5 held out, 10 to train on); difficulty 1:
+    scenarios of the band alone (8 held out, 10 to train on, none in `train`)."""
     heldout, lookup = suite.tasks("lookup_heldout"), suite.tasks("lookup")
-    scenarios = {t.scenario_id for t in lookup}
-    assert len(scenarios) >= 4
-    assert Counter(t.scenario_id for t in heldout) == dict.fromkeys(scenarios, 5)
-    assert Counter(t.scenario_id for t in lookup) == dict.fromkeys(scenarios, 10)
-    assert all(t.difficulty == 2 for t in heldout + lookup)
-    assert {t.scenario_id for t in suite.tasks("train")} >= scenarios  # no dev or test scenario
-    check_band_holds_out(suite, "lookup", "lookup_heldout", scenarios)
+    by_difficulty = {d: {t.scenario_id for t in lookup if t.difficulty == d} for d in (1, 2)}
+    assert len(by_difficulty[1]) >= 4 and len(by_difficulty[2]) >= 4
+    sizes = {s: (8 if s in by_difficulty[1] else 5) for s in by_difficulty[1] | by_difficulty[2]}
+    assert Counter(t.scenario_id for t in heldout) == sizes
+    assert Counter(t.scenario_id for t in lookup) == dict.fromkeys(sizes, 10)
+    assert {t.difficulty for t in heldout + lookup} == {1, 2}
+    trained = {t.scenario_id for t in suite.tasks("train")}
+    assert trained >= by_difficulty[2] and not trained & by_difficulty[1]  # no dev or test one
+    check_band_holds_out(suite, "lookup", "lookup_heldout", set(sizes))
 
 
 # An API a gold cell calls, or hands to the paging helper (`all_pages(apis.phone.search_contacts,
@@ -87,15 +91,17 @@ def gold_apis(suite: AppTownSuite, task: Task) -> set[str]:
 
 def test_the_lookup_band_needs_apis_the_easy_band_never_shows(suite: AppTownSuite) -> None:
     """The band's point: its gold solutions call APIs that the `easy` split's gold solutions
-    (the warm start's demonstrations) never call, so an agent has to look them up. The one API
-    both use is the contact search, the only way to find who the user's roommates or relatives
-    are; every lookup task also needs at least two APIs the easy band never calls."""
+    (the warm start's demonstrations) never call, so an agent has to look them up. A
+    difficulty-2 task needs at least two of them and shares only the contact search with the
+    easy band (the only way to find who the user's roommates or relatives are); a difficulty-1
+    task needs one."""
     easy = set().union(*(gold_apis(suite, t) for t in suite.tasks("easy")))
     band = suite.tasks("lookup") + suite.tasks("lookup_heldout")
     for task in band:
         used = gold_apis(suite, task)
-        assert used & easy <= {"phone.search_contacts"}, (task.id, used & easy)
-        assert len(used - easy) >= 2, (task.id, used)
+        if task.difficulty == 2:
+            assert used & easy <= {"phone.search_contacts"}, (task.id, used & easy)
+        assert len(used - easy) >= task.difficulty, (task.id, used)
 
 
 def test_extra_variants_leave_the_first_three_unchanged(suite: AppTownSuite) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tasks.apptown.scenario import Scenario
 from tasks.apptown.scenarios.dev import DEV
 from tasks.apptown.scenarios.dev_files import DEV_FILES
+from tasks.apptown.scenarios.lookup_single import LOOKUP_SINGLE
 from tasks.apptown.scenarios.test_challenge_long import TEST_CHALLENGE
 from tasks.apptown.scenarios.test_normal import TEST_NORMAL
 from tasks.apptown.scenarios.test_normal_email import TEST_NORMAL_EMAIL
@@ -21,4 +22,5 @@ SCENARIOS: tuple[Scenario, ...] = (
     *TEST_NORMAL,
     *TEST_NORMAL_EMAIL,
     *TEST_CHALLENGE,
+    *LOOKUP_SINGLE,
 )
