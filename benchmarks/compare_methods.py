@@ -44,6 +44,11 @@ killed midway resumes from its run directory's last checkpoint (train.py resumes
 directory holding checkpoints, every iteration at the quickstart); `--max-minutes M` starts no
 row after M minutes (the first always starts), so a piece lasts M plus one row: `--max-minutes
 30` keeps a quickstart piece under an hour, two rows a piece, 7 pieces for the 14 rows.
+`--results FILE` reads and appends another file than `<out>/results.jsonl`: the rows measured
+so far are kept in the repository's docs/table1.jsonl (each line names its `cpu`: wall times
+compare only between rows of one machine), so pieces run on different machines make one table:
+    python benchmarks/compare_methods.py --out runs/table1 --results docs/table1.jsonl \
+        --max-minutes 30 --plot
 `--plot` draws `<out>/table1.png`: held-out success after training per row with its interval,
 greedy and sampled, beside the paper's Test-N TGC rank of that row (the scales differ: a 135M
 model against Qwen2.5-32B, so only orderings compare).
@@ -325,17 +330,19 @@ def row_result(row: str, seed: int, run_dir: Path, measured: dict[str, Any]) -> 
     }  # fmt: skip
 
 
-def finished(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """(row, seed) -> its line, for every row x seed already in results.jsonl."""
-    return {(r["row"], r["seed"]): r for r in _jsonl(out / RESULTS)}
+def finished(results: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """(row, seed) -> its line, for every row x seed already in the results file."""
+    return {(r["row"], r["seed"]): r for r in _jsonl(results)}
 
 
 def run_all(rows: Sequence[str], seeds: Sequence[int], iterations: int | None, out: Path,
-            runner: Runner, max_minutes: float | None = None) -> list[str]:  # fmt: skip
+            runner: Runner, max_minutes: float | None = None,
+            results: Path | None = None) -> list[str]:  # fmt: skip
     """Run every row x seed not yet in results.jsonl, appending each line as it finishes; stop
     starting rows once max_minutes have passed (after the first). The rows x seeds left undone."""
     out.mkdir(parents=True, exist_ok=True)
-    done, started, left, ran = finished(out), time.monotonic(), [], False
+    results = results or out / RESULTS
+    done, started, left, ran = finished(results), time.monotonic(), [], False
     for row in rows:
         for seed in seeds:
             if (row, seed) in done:
@@ -346,7 +353,7 @@ def run_all(rows: Sequence[str], seeds: Sequence[int], iterations: int | None, o
                 continue
             measured, ran = runner(row, seed, iterations, out), True
             line = row_result(row, seed, out / run_name(row, seed), measured)
-            with (out / RESULTS).open("a") as stream:
+            with results.open("a") as stream:
                 stream.write(json.dumps(line) + "\n")
             print(f"{run_name(row, seed)}: {_cell(line.get('greedy_after'))} greedy, "
                   f"{_cell(line.get('sampled_after'))} sampled, {line['wall_s']:.0f} s",
@@ -377,10 +384,10 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def summary_rows(out: Path, rows: Sequence[str]) -> list[dict[str, Any]]:
+def summary_rows(results: Path, rows: Sequence[str]) -> list[dict[str, Any]]:
     """Per row with results: its seeds pooled (held out) or averaged (reward, time, memory)."""
     by_row: dict[str, list[dict[str, Any]]] = {}
-    for line in _jsonl(out / RESULTS):
+    for line in _jsonl(results):
         by_row.setdefault(line["row"], []).append(line)
     table = []
     for row in [r for r in rows if r in by_row]:
@@ -483,6 +490,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
     parser.add_argument("--synthetic", action="store_true", help="the tests' word task")
     parser.add_argument("--out", type=Path, help="results.jsonl, the runs, summary.md, "
                         "table1.png (default: runs/table1, runs/table1-synthetic)")  # fmt: skip
+    parser.add_argument("--results", type=Path, help="the JSON lines read (rows in it are done) "
+                        "and appended to (default: <out>/results.jsonl)")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="start no row after this many minutes")
     parser.add_argument("--plot", action="store_true", help="draw <out>/table1.png")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
@@ -499,15 +508,16 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
 def _compare(args: argparse.Namespace, runner: Runner | None) -> int:
     """main's work, once its arguments are read."""
     args.out = args.out or ROOT / "runs" / ("table1-synthetic" if args.synthetic else "table1")
+    results = args.results or args.out / RESULTS
     default_rows = [r for r in ROWS if not (args.synthetic and r in SFT_ROWS)]
     rows = args.rows or default_rows
     run = runner or (run_synthetic if args.synthetic else functools.partial(
         run_quickstart, extra_overrides=args.set))  # fmt: skip
     scale = "synthetic word task, tiny Llama + LoRA r16" if args.synthetic else "quickstart"
     print(f"# {scale}; seeds {args.seeds}; critic warm-up {SHORT_WARMUP} iteration; "
-          f"results in {args.out / RESULTS}", flush=True)  # fmt: skip
-    left = run_all(rows, args.seeds, args.iterations, args.out, run, args.max_minutes)
-    table = summary_rows(args.out, rows)
+          f"results in {results}", flush=True)  # fmt: skip
+    left = run_all(rows, args.seeds, args.iterations, args.out, run, args.max_minutes, results)
+    table = summary_rows(results, rows)
     text = summary_table(table)
     (args.out / "summary.md").write_text(text + "\n")
     print()

@@ -71,6 +71,20 @@ def test_results_resume_summary_and_picture(tmp_path: Path) -> None:
     assert len((tmp_path / compare.RESULTS).read_text().splitlines()) == 6
 
 
+def test_a_results_file_elsewhere_is_read_and_appended(tmp_path: Path) -> None:
+    """Rows measured on another machine (lines kept in the repository) are done here too."""
+    kept = tmp_path / "kept.jsonl"
+    fake = FakeRunner()
+    first = ["--out", str(tmp_path / "a"), "--results", str(kept), "--rows", "rloo"]
+    assert compare.main(first, runner=fake) == 0
+    second = ["--out", str(tmp_path / "b"), "--results", str(kept), "--rows", "rloo", "grpo"]
+    assert compare.main(second, runner=fake) == 0
+    assert fake.calls == [("rloo", 0), ("grpo", 0)]  # rloo's line was in the file: skipped
+    assert [json.loads(x)["row"] for x in kept.read_text().splitlines()] == ["rloo", "grpo"]
+    assert not (tmp_path / "b" / compare.RESULTS).exists()
+    assert "| rloo |" in (tmp_path / "b" / "summary.md").read_text()
+
+
 def test_max_minutes_starts_no_row_once_spent(tmp_path: Path, capsys: Any) -> None:
     fake = FakeRunner()
     argv = ["--out", str(tmp_path), "--rows", "rloo", "grpo", "--max-minutes", "0"]
