@@ -501,6 +501,10 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         return _compare(args, runner)
+    except KeyboardInterrupt as stopped:  # the row's train.py is stopped; its checkpoint stays
+        reason = str(stopped) or "Ctrl-C"
+        print(f"compare_methods: stopped ({reason}); rerun to resume", file=sys.stderr)
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -104,3 +104,14 @@ def test_rows_keep_their_method_and_take_the_scale() -> None:
     assert "train.iterations=5" not in compare.quickstart_command("sft-gt", 0, 5, Path("/x"))
     assert set(compare.PAPER_TEST_N_TGC) == set(compare.ROWS)
     assert compare.paper_ranks(["loop-token", "sft-gt", "verlog"]) == {"loop-token": 1, "sft-gt": 2}
+
+
+def test_a_stop_is_one_line_and_resumable(tmp_path: Path, capsys: Any) -> None:
+    def stopped(row: str, seed: int, iterations: int | None, out: Path) -> dict[str, Any]:
+        compare._stop(15, None)  # what SIGTERM does during a row
+        raise AssertionError("unreachable")
+
+    assert compare.main(["--out", str(tmp_path), "--rows", "rloo"], runner=stopped) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "compare_methods: stopped (signal 15); rerun to resume"
+    assert not (tmp_path / compare.RESULTS).exists()  # nothing half-written
