@@ -86,21 +86,28 @@ def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> 
     last = len(cells) - 1
     turns = [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
     if style in ("careful", "lookup"):
-        return careful_turns(cells, turns, task.id, lookup=style == "lookup")
+        return careful_turns(cells, turns, task.id, lookup=style == "lookup", task=task.instruction)
     return turns
 
 
 def careful_turns(
-    cells: Sequence[str], turns: list[Message], task_id: str, *, lookup: bool = False
+    cells: Sequence[str],
+    turns: list[Message],
+    task_id: str,
+    *,
+    lookup: bool = False,
+    task: str = "",
 ) -> list[Message]:
     """`turns` with the careful style's reading turns before the first cell that uses an app's
     API, called or handed to a paging helper: for the first app used, or (`lookup`) for each
-    app, with its APIs listed first (see the module docstring); unchanged when none is used."""
+    app, with its APIs listed first and the choice tied to the words of `task` (the
+    instruction) that name it (see the module docstring); unchanged when none is used."""
     firsts = first_uses(cells)
     out = list(turns)
     for index, app, api in reversed(firsts if lookup else firsts[:1]):
         key = f"{task_id}/{app}" if lookup else task_id  # which (task, app) guesses wrong first
-        out[index:index] = _reading_turns(app, api, zlib.crc32(key.encode()) % 2 == 1, lookup)
+        guess_first = zlib.crc32(key.encode()) % 2 == 1
+        out[index:index] = _reading_turns(app, api, guess_first, lookup, task)
     return out
 
 
@@ -115,7 +122,17 @@ def first_uses(cells: Sequence[str]) -> list[tuple[int, str, str]]:
     return list(seen.values())
 
 
-def _reading_turns(app: str, api: str, guess_first: bool, lookup: bool) -> list[Message]:
+def naming_words(api: str, task: str) -> list[str]:
+    """The words of `api`'s name that the task's instruction uses, singular or plural
+    (`show_liked_songs`, "How many songs have I liked?": songs, liked): what ties a task to an
+    API in a list of names."""
+    said = set(re.findall(r"[a-z]+", task.lower()))
+    return [w for w in api.split("_") if len(w) > 2 and {w, w.rstrip("s"), w + "s"} & said]
+
+
+def _reading_turns(
+    app: str, api: str, guess_first: bool, lookup: bool, task: str = ""
+) -> list[Message]:
     """The turns a careful agent plays before its first use of `app.api`."""
     doc = f'print(apis.api_docs.show_api_doc(app_name="{app}", api_name="{api}"))'
     verb, _, rest = api.partition("_")
@@ -134,7 +151,9 @@ def _reading_turns(app: str, api: str, guess_first: bool, lookup: bool) -> list[
         return [*turns, format_assistant(read, doc)]
     listing = f'print(apis.api_docs.show_api_descriptions(app_name="{app}"))'
     why = f"{failed} I list" if guess_first else f"I have not used {app} yet: I list"
-    read = f"{app}.{api} is the API for this step: I read its documentation, for its arguments."
+    words = " and ".join(f'"{w}"' for w in naming_words(api, task))
+    chosen = f"The task says {words}: {app}.{api}" if words else f"{app}.{api}"
+    read = f"{chosen} is the API for this step: I read its documentation, for its arguments."
     return [
         *turns,
         format_assistant(f"{why} the APIs of {app} to find the one for this step.", listing),

@@ -27,6 +27,7 @@ from loop.demos import (
     describe,
     episode_cells,
     gold_scripts,
+    naming_words,
     play,
     statements,
 )
@@ -141,7 +142,7 @@ def test_the_lookup_variant_lists_each_apps_apis_then_reads_the_chosen_ones_doc(
         read = demo.turns[listed + 1]
         assert f'show_api_doc(app_name="{app}", api_name="{api}")' in read.code
         assert api in demo.turns[listed].observation  # the name is copied from the list
-        assert read.text.startswith(f"{app}.{api} is the API for this step")
+        assert f"{app}.{api} is the API for this step" in read.text
         before = [c for t in demo.turns[:listed] for c in t.api_calls if c["app"] == app]
         assert all(c["api"] == "login" or not c["ok"] for c in before)  # a guess at most
     for turn in demo.turns:  # each wrong guess failed, was shown and not trained on
@@ -188,3 +189,13 @@ def test_a_helper_is_written_in_the_turn_that_first_uses_it() -> None:
     assert "every page of music.show_playlists" in describe(
         moved[2].replace("a.b", "music.show_playlists")
     )
+
+
+def test_the_lookup_choice_quotes_the_words_that_name_the_api(suite: Any) -> None:
+    """What ties a task to one name in an app's API list: the name's words the task says."""
+    assert naming_words("show_liked_songs", "How many songs have I liked?") == ["liked", "songs"]
+    assert naming_words("search_contacts", "Add Ann as a contact") == ["contacts"]  # singular
+    assert naming_words("show_balance", "How much money do I have?") == []
+    messages = gold_scripts(suite, suite.task("music_count_playlists_10"), "lookup")
+    said = 'The task says "playlists": music.show_playlists is the API for this step'
+    assert any(isinstance(m, str) and said in m for m in messages)
