@@ -398,6 +398,7 @@ def summary_rows(results: Path, rows: Sequence[str]) -> list[dict[str, Any]]:
         for key in ("reward_first", "reward_last", "wall_s", "peak_rss_mib"):
             entry[key] = _mean([line.get(key) for line in lines])
         entry["paper_test_n_tgc"] = PAPER_TEST_N_TGC[row]
+        entry["cpu"] = ", ".join(sorted({line.get("cpu") or "not recorded" for line in lines}))
         table.append(entry)
     return table
 
@@ -414,8 +415,8 @@ def summary_table(table: list[dict[str, Any]]) -> str:
     ranks = paper_ranks([e["row"] for e in table])
     lines = [
         "| row | greedy before | greedy after | sampled before | sampled after | reward first"
-        " -> last | paper Test-N TGC [P] (rank) | time | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " -> last | paper Test-N TGC [P] (rank) | time | peak RSS | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in table:
         paper = e["paper_test_n_tgc"]
@@ -425,7 +426,7 @@ def summary_table(table: list[dict[str, Any]]) -> str:
             f"| {e['row']} | {_cell(e['greedy_before'])} | {_cell(e['greedy_after'])} | "
             f"{_cell(e['sampled_before'])} | {_cell(e['sampled_after'])} | "
             f"{_fmt(e['reward_first'], '.3f')} -> {_fmt(e['reward_last'], '.3f')} | "
-            f"{paper_cell} | {_fmt(e['wall_s'], '.0f')} s | {rss} |"
+            f"{paper_cell} | {_fmt(e['wall_s'], '.0f')} s | {rss} | {e['cpu']} |"
         )
     return "\n".join(lines)
 
