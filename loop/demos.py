@@ -20,7 +20,8 @@ Two sources:
   call is a `Mistake`: the agent sees it and its error, but its tokens are not trained on.
   `style="lookup"` teaches how to find an API rather than which one to call: before the first
   call of each app the task uses, a turn lists the app's APIs (`show_api_descriptions`) and the
-  next names the one for the step and reads its documentation; the wrong guess comes first in
+  next names the one for the step (quoting the words of its name the task says: `naming_words`)
+  and reads its documentation; the wrong guess comes first in
   half the (task, app) pairs. An agent that knows no name of an unfamiliar app's APIs can copy
   one from the list, where a careful agent could only guess (and mostly guessed wrong names on
   the `lookup` band: configs/quickstart-lookup.yaml).
