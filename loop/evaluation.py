@@ -26,11 +26,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from loop.config import AgentConfig, ConfigError, RunConfig
+from loop.config import AgentConfig, RunConfig
 from loop.generators.base import Generator
 from loop.generators.tokenizer import Tokenizer
 from loop.rollout.collect import RolloutJob, SandboxPool, collect_rollouts
 from loop.rollout.prompt import prompt_example
+from loop.rollout.task_sampler import split_tasks
 from loop.rollout.trajectory import Trajectory
 from loop.run.metrics import compute_metrics
 from loop.run.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
@@ -134,14 +135,7 @@ async def run_evaluation(
     bound on rollouts in flight shared with other passes, else `eval.max_concurrent_rollouts`
     of this pass's)."""
     split = split or config.eval.split
-    tasks = [
-        t
-        for t in suite.tasks(split)
-        if config.eval.max_difficulty is None or t.difficulty <= config.eval.max_difficulty
-    ]
-    if not tasks:
-        limit = config.eval.max_difficulty
-        raise ConfigError(f"eval: split {split!r} has no task of difficulty <= {limit}")
+    tasks = split_tasks(suite, split, config.eval.max_difficulty, "eval.split")
     if config.eval.limit is not None:
         tasks = tasks[: config.eval.limit]
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)

@@ -60,6 +60,7 @@ from loop.model.policy import Policy
 from loop.parts import TrainParts
 from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import prompt_example
+from loop.rollout.task_sampler import split_tasks
 from loop.rollout.trajectory import Trajectory
 from loop.run.rundir import ADAPTER, RunDir, WarmStartDir, iter_name
 from loop.seeds import minibatch_seed, rft_seed
@@ -323,14 +324,7 @@ def _settings(config: RunConfig) -> dict[str, Any]:
 
 def _tasks(config: RunConfig, parts: TrainParts) -> list[Any]:
     warm = config.warm_start
-    tasks = [
-        t
-        for t in parts.suite.tasks(warm.split)
-        if warm.max_difficulty is None or t.difficulty <= warm.max_difficulty
-    ]
-    if not tasks:
-        raise ConfigError(f"warm_start.split {warm.split!r} has no task of difficulty <= "
-                          f"{warm.max_difficulty}")  # fmt: skip
+    tasks = split_tasks(parts.suite, warm.split, warm.max_difficulty, "warm_start.split")
     return tasks[: warm.limit]
 
 

@@ -134,13 +134,17 @@ def interleave(order: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
 
 def training_tasks(suite: TaskSuite, cfg: TrainConfig) -> list[Task]:
     """The split's tasks, up to `max_difficulty`."""
+    return split_tasks(suite, cfg.split, cfg.max_difficulty, "train.split")
+
+
+def split_tasks(
+    suite: TaskSuite, split: str, max_difficulty: int | None, setting: str
+) -> list[Task]:
+    """`split`'s tasks up to `max_difficulty` (None: all); a ConfigError naming `setting` (the
+    config key that chose the split) when none is left."""
     tasks = [
-        t
-        for t in suite.tasks(cfg.split)
-        if cfg.max_difficulty is None or t.difficulty <= cfg.max_difficulty
+        t for t in suite.tasks(split) if max_difficulty is None or t.difficulty <= max_difficulty
     ]
     if not tasks:
-        raise ConfigError(
-            f"train.split {cfg.split!r} has no task of difficulty <= {cfg.max_difficulty}"
-        )
+        raise ConfigError(f"{setting} {split!r} has no task of difficulty <= {max_difficulty}")
     return tasks
