@@ -178,3 +178,18 @@ async def test_every_server_dead_is_one_error_naming_each_and_its_log(tmp_path: 
             assert server.url in message and f"log: {process.log_path}" in message
     finally:
         await generator.close()
+
+
+async def test_a_server_found_down_while_closing_is_not_started_again(tmp_path: Path) -> None:
+    process = stub(tmp_path, "a")
+    generator = VLLMServerGenerator(
+        base_model="base", adapter_prefix="run", processes=[process], probe_every_s=0.1,
+        health_timeout_s=2.0,
+    )  # fmt: skip
+    assert process.pid is not None
+    os.killpg(process.pid, signal.SIGSTOP)  # it stops answering: the watcher's probe waits
+    await asyncio.sleep(0.5)
+    await generator.close()  # the probe then finds it down (stopped by close itself)
+    await asyncio.sleep(1.0)  # time for a restart, were one begun
+    assert process.pid is None and process.starts == 1
+    assert generator.restarts == 0 and not any(t.is_alive() for t in generator._threads)

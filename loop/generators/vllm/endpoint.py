@@ -62,6 +62,12 @@ class Server:
         if self.in_flight == 0:
             self.idle_from = time.monotonic()
 
+    def holds(self, version: str, base_model: str) -> bool:
+        """Whether it is in routing and can sample `version` now."""
+        if self.served is None or self.restarting:
+            return False
+        return version in (self.served, base_model) or version in self.loaded
+
     def down(self, timeout_s: float) -> bool:
         """Whether it is dead: its process gone (ours) or `GET /health` unanswered."""
         if self.process is not None and not self.process.alive():

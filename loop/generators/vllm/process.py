@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -225,6 +226,18 @@ def start_together(processes: Sequence[ServerProcess], timeout_s: float) -> None
         with ThreadPoolExecutor(len(processes)) as pool:
             for future in [pool.submit(p.start, timeout_s) for p in processes]:
                 future.result()
+
+
+def stop_for_good(processes: Sequence[ServerProcess], threads: Sequence[threading.Thread]) -> None:
+    """Stop `processes` until none of `threads` (which may start one again: a restart that
+    began before the stop) is left; a start under way is stopped while starting."""
+    while any(thread.is_alive() for thread in threads):
+        for process in processes:
+            process.stop()
+        for thread in threads:
+            thread.join(timeout=POLL_S)
+    for process in processes:
+        process.stop()
 
 
 def free_port() -> int:

@@ -1,11 +1,11 @@
 """The `vllm_server` generator: N vLLM OpenAI servers, trained through versioned LoRA adapters.
 
-The topology every large RL trainer uses (apple/ml-loop, TRL's server mode, prime-rl, SkyRL,
-AReaL): inference in server processes of its own, on devices of its own; rank 0 talks to them
-over HTTP. Servers are started here (vllm/process.py: clean environment, own devices,
-loopback, ended with the trainer) or attached by URL (`generator.servers`). Requests: token in,
-token out (openai.py's token-id mode). Routing (vllm/routing.py): a task's K rollouts and every
-later turn of each go to one server, with one adapter version; new groups to the least loaded.
+The topology of apple/ml-loop, TRL's server mode, prime-rl, SkyRL, AReaL: inference in server
+processes on devices of their own; rank 0 talks to them over HTTP. Servers are started here
+(vllm/process.py: clean environment, own devices, loopback, ended with the trainer; `close()`
+stops them for good, a restart under way too) or attached by URL (`generator.servers`). Token
+in, token out (openai.py). Routing (vllm/routing.py): a task's K rollouts and every later turn
+of each go to one server, with one adapter version; new groups to the least loaded.
 
 Versions. `load_adapter(path)` publishes a new adapter on every server at once under a name
 never used before, `<prefix>-v<k>` (the prefix: the run's name and its adapter nonce, kept in
@@ -47,7 +47,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,7 +66,7 @@ from loop.generators.vllm.endpoint import (
     load_on,
     states,
 )
-from loop.generators.vllm.process import ServerProcess, healthy, start_together
+from loop.generators.vllm.process import ServerProcess, healthy, start_together, stop_for_good
 from loop.generators.vllm.routing import PrefixRouter
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ class VLLMServerGenerator:
         self._live: list[str] = []  # the adapter versions kept loaded, oldest first
         self._router = PrefixRouter()
         self._lock = threading.Lock()  # server state, shared with the restart threads
+        self._threads: list[threading.Thread] = []  # the watcher, restarts and re-probes
         self._admin = httpx.Client(timeout=publish_timeout_s)
         try:
             start_together(processes, start_timeout_s)
@@ -160,7 +161,7 @@ class VLLMServerGenerator:
             if server.process is None:
                 clear_leftovers(self._admin, server.url, self._prefix)
             server.served = base_model
-        threading.Thread(target=self._watch, daemon=True).start()
+        self._background(self._watch)
 
     @property
     def version(self) -> str:
@@ -294,12 +295,12 @@ class VLLMServerGenerator:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             self._check_processes()
-            version = wanted or self.current
+            version, base = wanted or self.current, self.base_model
             kept = version in (self.current, self.base_model, *self._live) or resend
             if not kept:
                 raise GeneratorError(f"{version} is no longer served (retired: the servers keep "
                                      f"the newest {self.keep_versions} versions)")  # fmt: skip
-            ready = {i: version for i, s in enumerate(self.servers) if self._holds(s, version)}
+            ready = {i: version for i, s in enumerate(self.servers) if s.holds(version, base)}
             if ready:
                 load = {i: s.in_flight for i, s in enumerate(self.servers)}
                 pin = self._router.route(prompt, ready, load)
@@ -323,12 +324,6 @@ class VLLMServerGenerator:
             )  # fmt: skip
             server.client_url = server.url
         return server.client
-
-    def _holds(self, server: Server, version: str) -> bool:
-        """Whether `server` is in routing and can sample `version` now."""
-        if server.served is None or server.restarting:
-            return False
-        return version == server.served or version == self.base_model or version in server.loaded
 
     async def _sample(
         self, index: int, version: str, prompt: list[int], params: SamplingParams
@@ -392,8 +387,8 @@ class VLLMServerGenerator:
         in the background when it is ours and `down`, re-probed otherwise."""
         server = self.servers[index]
         with self._lock:
-            if server.served is None:
-                return  # already out (restarting, re-probed, or gone for good)
+            if server.served is None or self._closing.is_set():
+                return  # already out (restarting, re-probed, or gone for good), or closing
             server.served = None
             server.outages += 1  # its requests in flight fail over
             server.loaded.clear()  # back, it holds only the target version
@@ -404,12 +399,13 @@ class VLLMServerGenerator:
                 return
             server.probing = not restart
         log.warning("vLLM server %d: %s", index, "restarting" if restart else "re-probing")
-        target = self._restart if restart else self._probe
-        threading.Thread(target=target, args=(index,), daemon=True).start()
+        self._background(self._restart if restart else self._probe, index)
 
     def _claim_restart(self, index: int) -> bool:
         """Mark server `index` restarting if restarts are left (under `_lock`)."""
         server = self.servers[index]
+        if self._closing.is_set():
+            return False
         if server.restarts >= self.max_restarts:
             log.error("vLLM server %d at %s is out of routing for good", index, server.url)
             return False
@@ -494,7 +490,10 @@ class VLLMServerGenerator:
         self._lost(index, down=False)
         self.servers[index].wake.set()
 
-    def _stop_all(self) -> None:
-        for server in self.servers:
-            if server.process is not None:
-                server.process.stop()
+    def _background(self, target: Callable[..., None], *args: int) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _stop_all(self) -> None:  # no restart thread outlives it
+        stop_for_good([s.process for s in self.servers if s.process is not None], self._threads)
