@@ -482,7 +482,8 @@ def check_splits(config: RunConfig, suite: TaskSuite, *, training: bool = True) 
         named["warm_start.split"] = config.warm_start.split
     for key, split in named.items():
         try:
-            suite.tasks(split)
+            for part in split.split("+"):  # splits joined by + (rollout/task_sampler.py)
+                suite.tasks(part)
         except (KeyError, ValueError, AssertionError) as exc:
             reason = exc.args[0] if exc.args else split
             raise ConfigError(f"{key}: {reason}") from None

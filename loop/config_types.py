@@ -420,7 +420,7 @@ class WarmStartConfig:
         "(successful rollouts from `rollouts`, replayed) | rft (rejection sampling over a "
         "temperature ladder)",
     )
-    split: str = doc("train", "tasks of the gold demonstrations and of RFT")
+    split: str = doc("train", "tasks of the gold demonstrations and of RFT (a+b: both splits)")
     max_difficulty: int | None = doc(None, "keep only tasks up to this difficulty")
     limit: int | None = doc(None, "the first N of those tasks only (None: all)")
     style: Literal["episode", "paper", "careful", "lookup"] = doc(

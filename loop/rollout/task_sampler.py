@@ -141,10 +141,10 @@ def split_tasks(
     suite: TaskSuite, split: str, max_difficulty: int | None, setting: str
 ) -> list[Task]:
     """`split`'s tasks up to `max_difficulty` (None: all); a ConfigError naming `setting` (the
-    config key that chose the split) when none is left."""
-    tasks = [
-        t for t in suite.tasks(split) if max_difficulty is None or t.difficulty <= max_difficulty
-    ]
+    config key that chose the split) when none is left. Splits joined by `+` (`easy+lookup_warm`)
+    give their tasks one split after the other."""
+    every = [t for name in split.split("+") for t in suite.tasks(name)]
+    tasks = [t for t in every if max_difficulty is None or t.difficulty <= max_difficulty]
     if not tasks:
         raise ConfigError(f"{setting} {split!r} has no task of difficulty <= {max_difficulty}")
     return tasks

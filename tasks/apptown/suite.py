@@ -31,8 +31,11 @@ from tasks.core import SPLITS, SandboxLike, Task, TestReport
 # scenarios that no training uses, for measuring what training did); then the lookup band:
 # `lookup` and `lookup_heldout`, more variants of difficulty-2 train scenarios and difficulty-1
 # scenarios of their own, all needing APIs the easy band's gold solutions never call (where
-# reading the documentation pays).
-APPTOWN_SPLITS: tuple[str, ...] = (*SPLITS, "easy", "easy_heldout", "lookup", "lookup_heldout")
+# reading the documentation pays), and `lookup_warm`, demonstrations only: the easy band's apps
+# with other APIs (scenarios/lookup_warm.py).
+APPTOWN_SPLITS: tuple[str, ...] = (
+    *SPLITS, "easy", "easy_heldout", "lookup", "lookup_heldout", "lookup_warm",
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from tasks.apptown.env import AppTownEnv

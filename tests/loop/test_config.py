@@ -132,6 +132,23 @@ def test_splits_are_checked_against_the_suite() -> None:
         check_splits(config, suite)
 
 
+def test_splits_joined_by_plus_give_both_splits_tasks_and_each_is_checked() -> None:
+    from loop.checks import check_splits
+    from loop.rollout.task_sampler import split_tasks
+    from tasks.apptown.suite import AppTownSuite
+
+    suite = AppTownSuite()
+    both = split_tasks(suite, "easy+lookup_warm", None, "warm_start.split")
+    assert both == suite.tasks("easy") + suite.tasks("lookup_warm")
+    assert {t.split for t in both} == {"easy", "lookup_warm"}
+    config = RunConfig()
+    config.warm_start.source, config.warm_start.split = "gold", "easy+lookup_warm"
+    check_splits(config, suite)
+    config.warm_start.split = "easy+nope"
+    with pytest.raises(ConfigError, match=r"^warm_start.split: .*'nope'"):
+        check_splits(config, suite)
+
+
 def test_a_config_can_start_from_a_base(tmp_path: Path) -> None:
     (tmp_path / "family").mkdir()
     (tmp_path / "paper.yaml").write_text(

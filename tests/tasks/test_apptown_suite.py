@@ -104,6 +104,23 @@ def test_the_lookup_band_needs_apis_the_easy_band_never_shows(suite: AppTownSuit
         assert len(used - easy) >= task.difficulty, (task.id, used)
 
 
+def test_the_lookup_warm_demonstrations_vary_each_apps_api_and_show_no_lookup_one(
+    suite: AppTownSuite,
+) -> None:
+    """`lookup_warm` (demonstrations only) uses the easy band's apps with APIs the easy band
+    does not call and no lookup task needs, so that with `easy` each of its apps shows two or
+    more."""
+    apis = {s: [gold_apis(suite, t) for t in suite.tasks(s)] for s in ("easy", "lookup_warm")}
+    easy, warm = set().union(*apis["easy"]), set().union(*apis["lookup_warm"])
+    band = suite.tasks("lookup") + suite.tasks("lookup_heldout")
+    looked_up = set().union(*(gold_apis(suite, t) for t in band))
+    assert all(used - easy for used in apis["lookup_warm"])  # each task: an API easy lacks
+    assert not warm & (looked_up - easy)  # and none that only the lookup band calls
+    assert {a.split(".")[0] for a in warm} <= {a.split(".")[0] for a in easy}
+    for app in {a.split(".")[0] for a in warm}:
+        assert len({a for a in easy | warm if a.startswith(f"{app}.")}) >= 2, app
+
+
 def test_extra_variants_leave_the_first_three_unchanged(suite: AppTownSuite) -> None:
     from tasks.apptown.scenarios import SCENARIOS
 

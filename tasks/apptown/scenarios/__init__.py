@@ -6,6 +6,7 @@ from tasks.apptown.scenario import Scenario
 from tasks.apptown.scenarios.dev import DEV
 from tasks.apptown.scenarios.dev_files import DEV_FILES
 from tasks.apptown.scenarios.lookup_single import LOOKUP_SINGLE
+from tasks.apptown.scenarios.lookup_warm import LOOKUP_WARM
 from tasks.apptown.scenarios.test_challenge_long import TEST_CHALLENGE
 from tasks.apptown.scenarios.test_normal import TEST_NORMAL
 from tasks.apptown.scenarios.test_normal_email import TEST_NORMAL_EMAIL
@@ -23,4 +24,5 @@ SCENARIOS: tuple[Scenario, ...] = (
     *TEST_NORMAL_EMAIL,
     *TEST_CHALLENGE,
     *LOOKUP_SINGLE,
+    *LOOKUP_WARM,
 )
