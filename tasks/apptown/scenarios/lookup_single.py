@@ -11,6 +11,7 @@ out than the difficulty-2 scenarios' 5, so that a config on this part alone,
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from tasks.apptown.grading import Grader
 from tasks.apptown.scenario import Scenario, Variant, add_email, days_ago, login_cell
@@ -159,16 +160,12 @@ class EmailStarLatestFrom(Scenario):
     EMAILS = ((1.5, "Quick question"), (5, "Photos from the weekend"), (11, "Old notes"))
 
     def variants(self, world: World) -> list[Variant]:
-        users = self.pick_users(world, [p.id for p in world.society.people])
-        params = []
-        for user, rng in zip(users, self.variant_rngs(world), strict=True):
-            sender = world.person(rng.choice(world.society.related(user, "friend")))
-            params.append({"sender_id": sender.id, "name": sender.name})
         wordings = (
             "Star the most recent email {name} sent me.",
             "Please star the latest email I got from {name}.",
             "Find the newest email from {name} in my inbox and star it.",
         )
+        users, params = friend_senders(self, world)
         return self.make_variants(users, wordings, params)
 
     def setup(self, db: sqlite3.Connection, world: World, v: Variant) -> None:
@@ -177,44 +174,55 @@ class EmailStarLatestFrom(Scenario):
                 db, v["sender_id"], v.user_id, subject, "See you soon!", days_ago(world, days)
             )
 
-    def _find(self, v: Variant) -> str:
-        return (
-            "emails = all_pages(apis.email.show_inbox)\n"
-            f'theirs = [e for e in emails if e["sender_name"] == "{v["name"]}"]\n'
-            "print(theirs)"
-        )
-
     def gold(self, v: Variant) -> list[str]:
-        return [
-            login_cell("email"),
-            self._find(v),
-            'apis.email.star_email(email_id=theirs[0]["email_id"])\n'
-            "apis.supervisor.complete_task()",
-        ]
+        return latest_from_cells(v, "star_email", 0)
 
     def wrong(self, v: Variant) -> list[str]:
-        return [
-            login_cell("email"),
-            self._find(v),
-            'apis.email.star_email(email_id=theirs[-1]["email_id"])\n'
-            "apis.supervisor.complete_task()",
-        ]
+        return latest_from_cells(v, "star_email", -1)
 
     def evaluate(self, g: Grader, v: Variant) -> None:
-        latest = g.before(
-            "SELECT r.id, r.email_id FROM email_emails e JOIN email_recipients r ON "
-            "r.email_id = e.id WHERE e.sender_id = ? AND r.person_id = ? AND r.is_archived = 0 "
-            "ORDER BY e.sent_at DESC, e.id DESC LIMIT 1",
-            (v["sender_id"], v.user_id),
-        )[0]
-        starred = g.after("SELECT is_starred FROM email_recipients WHERE id = ?", (latest["id"],))
-        g.check(
-            "latest_starred",
-            f"Email {latest['email_id']}, the latest from {v['name']}, is starred",
-            bool(starred and starred[0]["is_starred"]),
-            f"email {latest['email_id']} is not starred",
-        )
-        g.check_no_other_changes({"email_recipients": {latest["id"]: ("is_starred",)}})
+        check_latest_flagged(g, v, "is_starred", "starred")
+
+
+def friend_senders(scenario: Scenario, world: World) -> tuple[list[int], list[dict[str, Any]]]:
+    """The scenario's users and, for each, a friend of theirs who sent them emails (the
+    setup's): `sender_id` and `name`."""
+    users = scenario.pick_users(world, [p.id for p in world.society.people])
+    params = []
+    for user, rng in zip(users, scenario.variant_rngs(world), strict=True):
+        sender = world.person(rng.choice(world.society.related(user, "friend")))
+        params.append({"sender_id": sender.id, "name": sender.name})
+    return users, params
+
+
+def latest_from_cells(v: Variant, api: str, index: int) -> list[str]:
+    """Log in, find the sender's emails in the inbox (newest first), call `email.api` on the
+    one at `index` (0: the latest, the gold; -1: the oldest, the wrong solution), complete."""
+    find = (
+        "emails = all_pages(apis.email.show_inbox)\n"
+        f'theirs = [e for e in emails if e["sender_name"] == "{v["name"]}"]\n'
+        "print(theirs)"
+    )
+    act = f'apis.email.{api}(email_id=theirs[{index}]["email_id"])\napis.supervisor.complete_task()'
+    return [login_cell("email"), find, act]
+
+
+def check_latest_flagged(g: Grader, v: Variant, column: str, flagged: str) -> None:
+    """The sender's latest email in the inbox has `column` set (and nothing else changed)."""
+    latest = g.before(
+        "SELECT r.id, r.email_id FROM email_emails e JOIN email_recipients r ON "
+        "r.email_id = e.id WHERE e.sender_id = ? AND r.person_id = ? AND r.is_archived = 0 "
+        "ORDER BY e.sent_at DESC, e.id DESC LIMIT 1",
+        (v["sender_id"], v.user_id),
+    )[0]
+    after = g.after(f"SELECT {column} FROM email_recipients WHERE id = ?", (latest["id"],))
+    g.check(
+        f"latest_{flagged}",
+        f"Email {latest['email_id']}, the latest from {v['name']}, is {flagged}",
+        bool(after and after[0][column]),
+        f"email {latest['email_id']} is not {flagged}",
+    )
+    g.check_no_other_changes({"email_recipients": {latest["id"]: (column,)}})
 
 
 LOOKUP_SINGLE: tuple[Scenario, ...] = (

@@ -16,6 +16,11 @@ import sqlite3
 
 from tasks.apptown.grading import Grader
 from tasks.apptown.scenario import Scenario, Variant, add_email, days_ago, login_cell
+from tasks.apptown.scenarios.lookup_single import (
+    check_latest_flagged,
+    friend_senders,
+    latest_from_cells,
+)
 from tasks.apptown.world import World
 
 LOOKUP_WARM_BANDS: tuple[tuple[str, int], ...] = (("lookup_warm", 6),)
@@ -158,60 +163,26 @@ class EmailArchiveLatestFrom(Scenario):
     EMAILS = ((2.5, "Dinner plans"), (6, "The receipt"), (13, "Last month"))
 
     def variants(self, world: World) -> list[Variant]:
-        users = self.pick_users(world, [p.id for p in world.society.people])
-        params = []
-        for user, rng in zip(users, self.variant_rngs(world), strict=True):
-            sender = world.person(rng.choice(world.society.related(user, "friend")))
-            params.append({"sender_id": sender.id, "name": sender.name})
         wordings = (
             "Archive the most recent email {name} sent me.",
             "Please archive the latest email I got from {name}.",
             "Find the newest email from {name} in my inbox and archive it.",
         )
+        users, params = friend_senders(self, world)
         return self.make_variants(users, wordings, params)
 
     def setup(self, db: sqlite3.Connection, world: World, v: Variant) -> None:
         for days, subject in self.EMAILS:
             add_email(db, v["sender_id"], v.user_id, subject, "Talk soon!", days_ago(world, days))
 
-    def _find(self, v: Variant) -> str:
-        return (
-            "emails = all_pages(apis.email.show_inbox)\n"
-            f'theirs = [e for e in emails if e["sender_name"] == "{v["name"]}"]\n'
-            "print(theirs)"
-        )
-
     def gold(self, v: Variant) -> list[str]:
-        return [
-            login_cell("email"),
-            self._find(v),
-            'apis.email.archive_email(email_id=theirs[0]["email_id"])\n'
-            "apis.supervisor.complete_task()",
-        ]
+        return latest_from_cells(v, "archive_email", 0)
 
     def wrong(self, v: Variant) -> list[str]:
-        return [
-            login_cell("email"),
-            self._find(v),
-            'apis.email.archive_email(email_id=theirs[-1]["email_id"])\n'
-            "apis.supervisor.complete_task()",
-        ]
+        return latest_from_cells(v, "archive_email", -1)
 
     def evaluate(self, g: Grader, v: Variant) -> None:
-        latest = g.before(
-            "SELECT r.id, r.email_id FROM email_emails e JOIN email_recipients r ON "
-            "r.email_id = e.id WHERE e.sender_id = ? AND r.person_id = ? AND r.is_archived = 0 "
-            "ORDER BY e.sent_at DESC, e.id DESC LIMIT 1",
-            (v["sender_id"], v.user_id),
-        )[0]
-        archived = g.after("SELECT is_archived FROM email_recipients WHERE id = ?", (latest["id"],))
-        g.check(
-            "latest_archived",
-            f"Email {latest['email_id']}, the latest from {v['name']}, is archived",
-            bool(archived and archived[0]["is_archived"]),
-            f"email {latest['email_id']} is not archived",
-        )
-        g.check_no_other_changes({"email_recipients": {latest["id"]: ("is_archived",)}})
+        check_latest_flagged(g, v, "is_archived", "archived")
 
 
 LOOKUP_WARM: tuple[Scenario, ...] = (
