@@ -480,10 +480,9 @@ def check_splits(config: RunConfig, suite: TaskSuite, *, training: bool = True) 
         named["train.split"] = config.train.split
     if training and config.warm_start.source in ("gold", "rft"):
         named["warm_start.split"] = config.warm_start.split
-    for key, split in named.items():
+    for key, split in ((k, part) for k, s in named.items() for part in s.split("+")):  # a+b
         try:
-            for part in split.split("+"):  # splits joined by + (rollout/task_sampler.py)
-                suite.tasks(part)
+            suite.tasks(split)
         except (KeyError, ValueError, AssertionError) as exc:
             reason = exc.args[0] if exc.args else split
             raise ConfigError(f"{key}: {reason}") from None
