@@ -466,10 +466,9 @@ class VLLMServerGenerator:
                     return
 
     def _watch(self) -> None:
-        """Every `probe_every_s`, ask each server in routing whether it answers (`/health`
-        within `health_timeout_s`) and still lists its version; one that does not leaves
-        routing: a stopped one is restarted (ours) or re-probed, one that lost its adapters
-        (restarted by its owner) gets the target loaded again before it serves."""
+        """Every `probe_every_s`, ask each server in routing whether it answers `/health` and
+        lists its version; one that does not leaves routing: a stopped one is restarted (ours)
+        or re-probed, one that lost its adapters gets the target loaded before it serves."""
         while not self._closing.wait(self.probe_every_s):
             for index, server in enumerate(self.servers):
                 version = server.served
@@ -492,7 +491,9 @@ class VLLMServerGenerator:
 
     def _background(self, target: Callable[..., None], *args: int) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
+        with self._lock:  # the ended ones leave (started, so an ident, and no longer alive)
+            live = [t for t in self._threads if t.ident is None or t.is_alive()]
+            self._threads[:] = [*live, thread]
         thread.start()
 
     def _stop_all(self) -> None:  # no restart thread outlives it
