@@ -296,7 +296,7 @@ class VLLMServerGenerator:
         while True:
             self._check_processes()
             version, base = wanted or self.current, self.base_model
-            kept = version in (self.current, self.base_model, *self._live) or resend
+            kept = version in (self.current, base, *self._live) or resend
             if not kept:
                 raise GeneratorError(f"{version} is no longer served (retired: the servers keep "
                                      f"the newest {self.keep_versions} versions)")  # fmt: skip
