@@ -26,9 +26,11 @@ Same start, same budget:
 - every RL row samples the same N x K = 6 x 4 rollouts an iteration for the scale's
   iterations (quickstart: 4, so 96 rollouts a row; 4 keeps a row's run, evaluations included,
   under 45 minutes, one piece), the same tasks (`train.stratify`) and seeds. DPO-MCTS spends
-  its samples on tree searches instead (its config's search budget per task), so its count
-  differs. The critic rows' warm-up is shortened to 1 iteration (the paper's 10 would be the
-  whole run): their policy then learns in 3 of the 4 iterations, every other row's in 4;
+  the same budget on tree searches: K search iterations a task (its config's 30 are [P]'s
+  budget at the paper's scale), each rolling one episode out to the end, so K rollouts a task
+  too (plus the unrolled second candidate turn of each expansion). The critic rows' warm-up
+  is shortened to 1 iteration (the paper's 10 would be the whole run): their policy then
+  learns in 3 of the 4 iterations, every other row's in 4;
   `--iterations 8` makes that 7 of 8, at twice the time.
 
 Recorded per row and seed, one JSON line appended to `<out>/results.jsonl` as each finishes:
@@ -92,6 +94,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's loop/ and tests/
 
+from loop.config import load_config  # noqa: E402
 from loop.run.report import eval_points  # noqa: E402
 from loop.run.significance import wilson_interval  # noqa: E402
 
@@ -136,14 +139,17 @@ SHORT_WARMUP = 1  # critic warm-up iterations at these scales
 # 108 take 330 s), where the full ladder's 4,320 would take hours.
 RFT_LADDER_STRIDE = 4
 RFT_PASSES = 1
+QUICKSTART = ROOT / "configs/quickstart.yaml"
 RESULTS = "results.jsonl"
 PLOT = "table1.png"
 KIB = 1024  # ru_maxrss is in KiB on Linux
 
 
-def row_overrides(row: str) -> list[str]:
+def row_overrides(row: str, rollouts_per_task: int | None = None) -> list[str]:
     """The row's algorithm as `key=value` overrides (its train, critic, memory and warm-start
-    method keys; `train.iterations=0` where the row fine-tunes only)."""
+    method keys; `train.iterations=0` where the row fine-tunes only). With the scale's
+    `rollouts_per_task` (K), a tree-search row searches K iterations a task: the rollouts every
+    other row samples."""
     data: dict[str, Any] = {}
     for loaded in _row_chain(row):  # the base first, the row's own keys on top
         for section in ("train", "critic"):
@@ -164,6 +170,9 @@ def row_overrides(row: str) -> list[str]:
         data["warm_start.rft_passes"] = RFT_PASSES
     if "critic.warmup_iterations" in data:
         data["critic.warmup_iterations"] = SHORT_WARMUP
+    preference = data.get("train.preference", {})
+    if preference.get("search_iterations") and rollouts_per_task:
+        data["train.preference"] = {**preference, "search_iterations": rollouts_per_task}
     return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in data.items()]
 
 
@@ -186,12 +195,13 @@ def quickstart_command(
 ) -> list[str]:
     """The row's `train.py` command line on the quickstart config (`extra_overrides` last)."""
     extra = [f"train.iterations={iterations}"] if iterations and row not in SFT_ROWS else []
+    k = load_config(QUICKSTART, []).train.rollouts_per_task
     return [
-        sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/quickstart.yaml"),
+        sys.executable, str(ROOT / "train.py"), "--config", str(QUICKSTART),
         f"output_dir={out}", f"name={run_name(row, seed)}", f"seed={seed}",
         # every row the paper's way (a critic needs the pass)
         "train.off_policy.old_logprobs=recompute",
-        *row_overrides(row), *extra, *extra_overrides,
+        *row_overrides(row, k), *extra, *extra_overrides,
     ]  # fmt: skip
 
 
@@ -240,7 +250,6 @@ def run_synthetic(row: str, seed: int, iterations: int | None, out: Path) -> dic
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from loop.config import load_config
     from loop.generators.hf.generator import HFGenerator
     from loop.parts import TrainParts
     from loop.trainer import train

@@ -102,6 +102,9 @@ def test_rows_keep_their_method_and_take_the_scale() -> None:
     assert "critic.warmup_iterations=1" in compare.row_overrides("ppo-critic")
     assert not any(a.startswith("train.lr=") for a in compare.row_overrides("dmpo"))
     assert "train.iterations=5" not in compare.quickstart_command("sft-gt", 0, 5, Path("/x"))
+    command = compare.quickstart_command("dpo-mcts", 0, None, Path("/x"))
+    search = [a for a in command if a.startswith("train.preference=")]
+    assert json.loads(search[0].split("=", 1)[1])["search_iterations"] == 4  # the quickstart's K
     assert set(compare.PAPER_TEST_N_TGC) == set(compare.ROWS)
     assert compare.paper_ranks(["loop-token", "sft-gt", "verlog"]) == {"loop-token": 1, "sft-gt": 2}
 
