@@ -441,33 +441,43 @@ def summary_table(table: list[dict[str, Any]]) -> str:
 
 
 def plot_table(table: list[dict[str, Any]], path: Path) -> Path:
-    """Held-out success after training per row with its interval (greedy, sampled), and beside
-    it the row's rank by the paper's Test-N TGC."""
+    """Held-out success per row with its interval (greedy, sampled) after training, a hollow
+    marker joined to it where the row was evaluated before, and beside it the row's rank by the
+    paper's Test-N TGC; rows in the paper's order (its best at the top), so an ordering that
+    holds here reads as points falling down the picture."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    table = sorted(table, key=lambda e: -(PAPER_TEST_N_TGC[e["row"]] or -1.0))
     names = [e["row"] for e in table]
     ranks = paper_ranks(names)
     ys = list(range(len(names)))[::-1]  # the first row at the top
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 2), sharey=True,
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 2.4), sharey=True,
                                       gridspec_kw={"width_ratios": [3, 1]})  # fmt: skip
-    for offset, key, label in ((0.15, "greedy_after", "greedy"), (-0.15, "sampled_after", "T=1")):
-        points = [(y, e[key]) for y, e in zip(ys, table, strict=True) if e[key]]
+    kinds = ((0.15, "greedy", "greedy", "C0"), (-0.15, "sampled", "T=1", "C1"))
+    for offset, kind, label, color in kinds:
+        points = [(y + offset, e) for y, e in zip(ys, table, strict=True) if e[f"{kind}_after"]]
         if not points:
             continue
-        rates = [s["rate"] for _, s in points]
-        errors = [[s["rate"] - s["low"] for _, s in points],
-                  [s["high"] - s["rate"] for _, s in points]]  # fmt: skip
-        left.errorbar(rates, [y + offset for y, _ in points], xerr=errors, fmt="o", capsize=3,
-                      label=f"held out, {label}")  # fmt: skip
+        after = [e[f"{kind}_after"] for _, e in points]
+        rates = [s["rate"] for s in after]
+        errors = [[s["rate"] - s["low"] for s in after], [s["high"] - s["rate"] for s in after]]
+        left.errorbar(rates, [y for y, _ in points], xerr=errors, fmt="o", capsize=3,
+                      color=color, label=f"held out after, {label}")  # fmt: skip
+        before = [(y, e[f"{kind}_before"]["rate"], e) for y, e in points if e[f"{kind}_before"]]
+        for y, rate, e in before:
+            left.plot([rate, e[f"{kind}_after"]["rate"]], [y, y], color=color, lw=0.8, alpha=0.6)
+        if before:
+            left.scatter([r for _, r, _ in before], [y for y, _, _ in before], s=30,
+                         facecolors="none", edgecolors=color, label=f"before, {label}")  # fmt: skip
     if left.get_legend_handles_labels()[1]:
-        left.legend(loc="lower right")
+        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8)
     else:
         left.text(0.5, ys[0], "no held-out evaluation at this scale", ha="center", va="center")
     left.set_xlim(0, 1)
-    left.set_xlabel("held-out success after training (95% Wilson interval)")
+    left.set_xlabel("held-out success (95% Wilson interval)")
     left.set_yticks(ys, names)
     left.grid(axis="x", alpha=0.3)
     for y, name in zip(ys, names, strict=True):
