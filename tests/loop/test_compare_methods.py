@@ -105,6 +105,9 @@ def test_rows_keep_their_method_and_take_the_scale() -> None:
     command = compare.quickstart_command("dpo-mcts", 0, None, Path("/x"))
     search = [a for a in command if a.startswith("train.preference=")]
     assert json.loads(search[0].split("=", 1)[1])["search_iterations"] == 4  # the quickstart's K
+    kl = [a for a in compare.quickstart_command("grpo", 0, None, Path("/x")) if "train.kl=" in a]
+    assert json.loads(kl[0].split("=", 1)[1]) == {"coef": 0.04, "reference": "start"}
+    assert "reference" not in " ".join(compare.row_overrides("grpo"))  # the config's: the base
     assert set(compare.PAPER_TEST_N_TGC) == set(compare.ROWS)
     assert compare.paper_ranks(["loop-token", "sft-gt", "verlog"]) == {"loop-token": 1, "sft-gt": 2}
 
