@@ -72,9 +72,15 @@ def summary_line(iteration: int, total: int, m: dict[str, float]) -> str:
         value = m.get(key, math.nan)
         return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
+    if "search/return_mean" in m:  # DPO-MCTS: its rollouts are the searches', its groups pairs
+        sampled = (
+            f"search return {f('search/return_mean')} ({f('search/rollouts', '.0f')} rollouts, "
+            f"{f('search/new_pairs', '.0f')} new pairs, {f('search/buffer_pairs', '.0f')} kept)"
+        )
+    else:
+        sampled = f"reward {f('rollout/reward_mean')} success {f('rollout/success_rate')}"
     return (
-        f"iter {iteration + 1}/{total} | reward {f('rollout/reward_mean')} "
-        f"success {f('rollout/success_rate')} | kept {f('rollout/kept', '.0f')}/"
+        f"iter {iteration + 1}/{total} | {sampled} | kept {f('rollout/kept', '.0f')}/"
         f"{f('rollout/count', '.0f')} (filtered {f('rollout/filtered_fraction', '.2f')}"
         f"{_no_signal(m)}) | "
         f"clip {f('loss/clipfrac')} kl {f('loss/kl_k1', '.4f')} "

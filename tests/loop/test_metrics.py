@@ -136,6 +136,20 @@ def test_groups_that_teach_nothing_are_counted_and_named_in_the_iteration_line()
     assert "(filtered 1.00) |" in summary_line(0, 4, m)  # nothing said when all taught
 
 
+def test_a_search_iteration_line_reports_the_searches_not_the_pairs_as_rollouts() -> None:
+    m = {
+        "search/return_mean": 0.6,
+        "search/rollouts": 24.0,
+        "search/new_pairs": 7.0,
+        "search/buffer_pairs": 7.0,
+        "rollout/reward_mean": 0.5,
+        "rollout/success_rate": 0.0,
+    }
+    line = summary_line(0, 4, m)
+    assert line.startswith("iter 1/4 | search return 0.600 (24 rollouts, 7 new pairs, 7 kept) |")
+    assert "success" not in line  # the pairs' one-turn rows have no success of their own
+
+
 def test_too_many_infrastructure_failures_stop_the_run_naming_the_statuses() -> None:
     metrics = {
         "rollout/infra_failure_share": 0.75,
