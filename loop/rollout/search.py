@@ -6,7 +6,11 @@ One search (`search_task`) runs `iterations` times (up to 30 in [P]): UCB select
 environment and sandbox; the policy samples the next turn there and the episode is rolled out
 to the end (one rollout, scored by the environment's own tests); a second candidate turn is
 sampled from the same prompt and not rolled out; the rollout's return is backed up from the
-first candidate to the root. [P]'s 2 candidates per expansion are `candidates`.
+first candidate to the root. [P]'s 2 candidates per expansion are `candidates`. A candidate
+that repeats a sibling's turn token for token is the same action from the same state, so the
+same child: it is not added (`search/merged_candidates`), and a node whose policy is sure of its
+turn grows one child, which the next selection descends through instead of pairing a turn with
+itself (a warm-started policy writes its log-in turn the same way nearly every time).
 
 Restoring by replay: `ReplayGenerator` answers the episode's first calls with the path's
 recorded generations, so the real episode loop (loop/rollout/agent.py) runs their code, in
@@ -120,6 +124,7 @@ class SearchResult:
     pairs: list[list[Trajectory]] = field(default_factory=list)
     replay_mismatches: int = 0
     failures: int = 0  # rollouts with an infrastructure status (nothing backed up)
+    merged: int = 0  # candidates that repeated a sibling's turn (not added)
 
 
 @dataclass(frozen=True)
@@ -186,10 +191,15 @@ async def search_task(
             continue
         prompt, params, messages = replay.calls[depth]
         first = tree.add_child(leaf, Candidate(prompt, replay.generations[depth]))
+        turns = [list(replay.generations[depth].token_ids)]  # the leaf's children's
         for k in range(1, search.candidates):
             seed_k = None if params.seed is None else candidate_seed(params.seed, k)
             other = dataclasses.replace(params, seed=seed_k)
             sampled = await generator.generate(prompt, other, messages=messages)
+            if list(sampled.token_ids) in turns:  # the same turn: the same child
+                result.merged += 1
+                continue
+            turns.append(list(sampled.token_ids))
             tree.add_child(leaf, Candidate(prompt, sampled))
         if len(traj.turns) == depth + 1:
             tree.nodes[first].terminal, ended_with[first] = True, value
@@ -298,5 +308,6 @@ async def search_pairs(
         "search/buffer_pairs": float(len(buffer.pairs)),
         "search/replay_mismatches": float(sum(r.replay_mismatches for r in results)),
         "search/failures": float(sum(r.failures for r in results)),
+        "search/merged_candidates": float(sum(r.merged for r in results)),
     }
     return buffer.draw(preference.pairs_per_iteration), 0, metrics

@@ -192,6 +192,26 @@ def test_a_search_backs_up_every_rollout_and_pairs_siblings() -> None:
         assert not any(chosen.is_output[:start]) and all(chosen.is_output[start:])
 
 
+def test_a_candidate_that_repeats_its_siblings_turn_is_the_same_child() -> None:
+    """A policy sure of every turn (a script): one child a node, no pair of a turn with itself,
+    and the search descends the chain to the episode's end."""
+    suite, policy = MultiTurnWordSuite(turns=2), synthetic_policy()
+    script = ScriptedGenerator(policy.tokenizer, ["apple pear"])
+    settings = SearchSettings(iterations=4, candidates=2, ucb_c=1.0, margin=0.0)
+    result = asyncio.run(
+        search_task(
+            suite.tasks("train")[0], suite=suite, pool=NoSandboxPool(), generator=script,
+            tokenizer=policy.tokenizer,
+            agent=AgentConfig(max_turns=2, max_new_tokens=4, max_context_tokens=400),
+            example=[], search=settings, score=lambda t: float(t.reward or 0.0), seed=0,
+        )
+    )  # fmt: skip
+    nodes = result.tree.nodes
+    assert [len(node.children) for node in nodes] == [1, 1, 0]  # root -> turn 1 -> turn 2
+    assert nodes[2].terminal and nodes[0].visits == 4 and len(result.rollouts) == 2
+    assert result.merged == 2 and result.pairs == []
+
+
 class DriftingEnv(MultiTurnWordEnv):
     """Its observations carry a count of the environments made (as a word of the tokenizer's
     vocabulary, so the prompt's ids show it): no two episodes agree."""
