@@ -43,8 +43,9 @@ held-out success on `eval.split` (easy_heldout, 36 tasks) greedy and sampled at 
 before the first iteration and after the last, as successes/rollouts with Wilson 95% intervals
 (read from the trainer's evaluations, `<run>/eval/<split>[@T1]/iter-N/rollouts.jsonl`; an SFT
 row evaluates once, after its fine-tuning, so it has only an "after"), the first and last
-iteration's training reward, wall time, and the peak resident memory of the row's train.py
-process (`os.wait4`'s rusage of that child: its own maximum RSS, not its sandbox workers').
+iteration's training reward, wall time, the checkout's commit (`+` when it had changes), and
+the peak resident memory of the row's train.py process (`os.wait4`'s rusage of that child: its
+own maximum RSS, not its sandbox workers').
 
 Resumable: a rerun with the same `--out` skips every row x seed already in results.jsonl; a row
 killed midway resumes from its run directory's last checkpoint (train.py resumes a run
@@ -241,7 +242,21 @@ def run_quickstart(
         tail = log.read_text()[-800:].strip()
         raise RuntimeError(f"{row}: train.py exited {child.returncode} (log {log}): {tail}")
     return {"wall_s": time.monotonic() - started, "peak_rss_mib": usage.ru_maxrss / KIB,
-            "cpu": cpu_model()}  # fmt: skip
+            "cpu": cpu_model(), "commit": checkout_commit()}  # fmt: skip
+
+
+def checkout_commit() -> str | None:
+    """The checkout's commit the row ran (`+` when its tracked files had changes), or None
+    outside a git checkout."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def cpu_model() -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,12 @@ def test_a_stop_is_one_line_and_resumable(tmp_path: Path, capsys: Any) -> None:
     err = capsys.readouterr().err
     assert err.strip() == "compare_methods: stopped (signal 15); rerun to resume"
     assert not (tmp_path / compare.RESULTS).exists()  # nothing half-written
+
+
+def test_a_row_records_the_commit_it_ran() -> None:
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    commit = compare.checkout_commit()
+    assert commit is not None and len(commit.rstrip("+")) >= 7
+    assert head.startswith(commit.rstrip("+"))
