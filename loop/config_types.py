@@ -360,11 +360,7 @@ class TrainConfig:
     save_rollouts: bool = doc(True, "write every rollout to rollouts/iter-N.jsonl.gz")
     tensorboard: bool = doc(True, "write TensorBoard events to <run_dir>/tb/")
     wandb_project: str | None = doc(None, "log to Weights & Biases too (needs wandb installed)")
-    deterministic: bool = doc(
-        False,
-        "torch deterministic algorithms (bitwise run to run on a CPU with OMP_NUM_THREADS and "
-        "MKL_CBWR=AUTO,STRICT set)",
-    )
+    deterministic: bool = doc(False, "torch deterministic algorithms (+ MKL_CBWR=AUTO,STRICT)")
     collective_timeout_s: float = doc(
         3600.0,
         "several learner processes: a collective of the learners (an all-reduce, a checkpoint"
