@@ -275,7 +275,8 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
 
     straight = run("straight")
     assert straight.returncode == 0, straight.stderr[-2000:]
-    killed = run("resumed", kill_at=2)
+    kill_at = 2  # dies in iteration 2, after checkpoints iter-1 and iter-2
+    killed = run("resumed", kill_at=kill_at)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "resumed" / "checkpoints")] == [
         "iter-1", "iter-2",
@@ -293,7 +294,8 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
     a, b = records("straight"), records("resumed")
     assert [r["iteration"] for r in b] == [0, 1, 2, 3]
     for ra, rb in zip(a, b, strict=True):
-        where = "before the kill: the machine's numerics vary" if ra["iteration"] < 2 else "resumed"
+        before = ra["iteration"] < kill_at
+        where = "before the kill: the machine's numerics vary" if before else "resumed"
         assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, (
             f"iteration {ra['iteration']}, {where}"
         )
