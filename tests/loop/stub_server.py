@@ -1,7 +1,7 @@
 """A stand-in for vLLM's OpenAI server in `ServerProcess` tests: it starts in a blink.
 
     python -m tests.loop.stub_server [--env-out FILE] [--fail-with TEXT] [--never-ready]
-        [--fail-loads N] [--slow-s S] [--load-s L] --host H --port P
+        [--fail-loads N] [--slow-s S] [--load-s L] [--health-s T] --host H --port P
 
 Writes its environment to FILE (JSON), then serves `GET /health` with 200, the adapter
 endpoints a publication uses (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`,
@@ -13,8 +13,8 @@ weights; a request for 100 tokens or more takes S seconds, long enough to kill t
 it). Like vLLM, a model not loaded is a 404 and loading a name already loaded a 400 ("... has
 already been loaded"). `--fail-with` prints TEXT and exits 1 instead (a failed start-up),
 `--never-ready` answers 503 forever, `--fail-loads N` refuses the first N adapter loads (500),
-`--load-s L` makes each load take L seconds; `POST /forget` drops every adapter (a server
-restarted by its owner).
+`--load-s L` makes each load take L seconds, `--health-s T` each `GET /health` T seconds (a
+busy server); `POST /forget` drops every adapter (a server restarted by its owner).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--fail-loads", type=int, default=0)
     parser.add_argument("--slow-s", type=float, default=3.0)
     parser.add_argument("--load-s", type=float, default=0.0)
+    parser.add_argument("--health-s", type=float, default=0.0)
     args = parser.parse_args()
     if args.env_out:
         with open(args.env_out, "w") as out:
@@ -54,6 +55,8 @@ def main() -> None:
             if self.path == "/v1/models":
                 self.answer(200, {"data": [{"id": name} for name in sorted(loaded)]})
                 return
+            if self.path == "/health":
+                time.sleep(args.health_s)
             self.send_response(status if self.path == "/health" else 404)
             self.end_headers()
 

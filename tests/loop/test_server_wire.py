@@ -7,7 +7,8 @@ earlier life left). A group started while a slow load publishes a new version sa
 previous one. A stopped (SIGSTOP'd) server leaves routing within the health timeout, its
 request finishing on another; it returns once it answers again (attached) or is killed and
 restarted (ours); an attached server that forgot its adapters gets the newest one loaded
-again before it serves.
+again before it serves, a request to it meanwhile waiting; a publication that unloads the
+version the watcher is asking about is not taken for a forgetful server.
 
 Run: python -m pytest tests/loop/test_server_wire.py -q
 """
@@ -239,3 +240,48 @@ async def test_a_request_to_a_server_that_forgot_its_adapters_fails_over(tmp_pat
         await generator.close()
         for server in (forgetful, other):
             server.stop()
+
+
+async def test_a_publication_during_a_health_probe_is_not_taken_for_a_forgetful_server(
+    tmp_path: Path,
+) -> None:
+    """The watcher reads a server's version, asks `/health` (slow on a busy server), then
+    `/models`: a publication that lands meanwhile unloads the version it read. The server
+    forgot nothing and stays in routing (it left, and a request found none, on a slow CI)."""
+    server = stub(tmp_path, "busy", "--health-s", "0.3", "--load-s", "0.05")
+    server.start(30)
+    generator = VLLMServerGenerator(
+        base_model="base", adapter_prefix="run", urls=[server.url], probe_every_s=0.05,
+        keep_versions=1,
+    )  # fmt: skip
+    try:
+        for k in range(1, 7):
+            generator.load_adapter(adapter(tmp_path, f"v{k}"))
+            await asyncio.sleep(0.2)  # the watcher is inside its health probe now and then
+            answer = await generator.generate([1, 2, 3], SHORT)
+            assert answer.adapter_version == f"run-v{k}"
+        stats = generator.stats()
+        assert stats.adapters_republished == 0 and stats.server_failures == 0, stats
+    finally:
+        await generator.close()
+        server.stop()
+
+
+async def test_a_request_to_the_only_server_waits_while_it_gets_its_adapters_again(
+    tmp_path: Path,
+) -> None:
+    server = stub(tmp_path, "forgetful", "--load-s", "0.5")
+    server.start(30)
+    generator = VLLMServerGenerator(
+        base_model="base", adapter_prefix="run", urls=[server.url], probe_every_s=3600.0
+    )
+    try:
+        v1 = adapter(tmp_path, "v1")
+        generator.load_adapter(v1)
+        httpx.post(server.url.removesuffix("/v1") + "/forget", json={})  # restarted by its owner
+        answer = await generator.generate([1, 2, 3], SHORT)  # its 404: out, v1 loaded again
+        assert answer.adapter_version == "run-v1" and weights(answer.text) == str(v1)
+        assert generator.resent == 1 and generator.stats().adapters_republished == 1
+    finally:
+        await generator.close()
+        server.stop()

@@ -42,7 +42,7 @@ class Server:
     outages: int = 0  # times it left routing: its requests in flight then are failed over
     in_flight: int = 0
     restarting: bool = False  # ours, dead: being started again (requests wait for it)
-    probing: bool = False  # out of routing, asked again every `probe_every_s` (none wait)
+    probing: bool = False  # out of routing, asked again every `probe_every_s` (requests wait)
     wake: threading.Event = field(default_factory=threading.Event)  # probe now (a publication)
     restarts: int = 0
     client: OpenAIGenerator | None = None

@@ -30,9 +30,9 @@ request's 404) gets the newest loaded at once. Each returns only once it holds t
 version (loaded and listed). A request whose server failed under it (no connection, a reset, a
 timeout: `ServerFailureError`, the server then found down; a 404 for a version it lost; or its
 server left routing meanwhile) is re-sent whole, same prompt and version, to a server holding
-it, up to `request_resends` times: the trajectory stays token exact. While a started server
-restarts and none other is ready, a request waits up to `ready_timeout_s`; with none ready and
-none restarting it fails at once, in one line naming each server, its state and its log.
+it, up to `request_resends` times: the trajectory stays token exact. With no server ready, a
+request waits up to `ready_timeout_s` for one restarted or re-probed; with none coming back it
+fails at once, in one line naming each server, its state and its log.
 `stats()` counts failures, stalls, restarts, republications and re-sent requests (`servers/*`).
 """
 
@@ -127,8 +127,7 @@ class VLLMServerGenerator:
         self.max_restarts, self.probe_every_s = max_restarts, probe_every_s
         self.request_resends, self.health_timeout_s = request_resends, health_timeout_s
         self.tokenizer = tokenizer
-        self.servers = [Server(url) for url in urls]
-        self.servers += [Server(p.url, process=p) for p in processes]
+        self.servers = [Server(url) for url in urls] + [Server(p.url, process=p) for p in processes]
         self.current = base_model  # the version new groups get: one a server confirmed
         self.adapter_path: Path | None = None
         # the newest published version, which servers coming back load (current once confirmed)
@@ -306,7 +305,7 @@ class VLLMServerGenerator:
                 pin = self._router.route(prompt, ready, load)
                 return pin.server, pin.version
             late = time.monotonic() > deadline
-            if late or not any(s.restarting for s in self.servers):
+            if late or not any(s.restarting or s.probing for s in self.servers):
                 why = f"ready after {self.ready_timeout_s:.0f} s" if late else f"serves {version}"
                 listing = states(self.servers, self.probe_every_s)
                 raise GeneratorError(f"no vLLM server {why}; {listing}")
@@ -366,12 +365,9 @@ class VLLMServerGenerator:
             if server.restarting or server.served is None:
                 continue
             try:
-                self._admin_post(server, "/unload_lora_adapter", {"lora_name": version})
+                admin_post(self._admin, server.url, "/unload_lora_adapter", {"lora_name": version})
             except GeneratorError as exc:
                 log.warning("could not unload %s: %s", version, exc)
-
-    def _admin_post(self, server: Server, path: str, body: dict[str, str]) -> httpx.Response:
-        return admin_post(self._admin, server.url, path, body)
 
     # -- process life ---------------------------------------------------------------------------
 
@@ -382,13 +378,16 @@ class VLLMServerGenerator:
             if process is not None and server.served is not None and not process.alive():
                 self._lost(index, down=True)
 
-    def _lost(self, index: int, *, down: bool) -> None:
+    def _lost(self, index: int, *, down: bool, holding: str | None = None) -> bool:
         """Server `index` leaves routing until it holds the current version again: restarted
-        in the background when it is ours and `down`, re-probed otherwise."""
+        in the background when it is ours and `down`, re-probed otherwise; with `holding`,
+        only if we did not unload that version since it was seen missing. Whether it left."""
         server = self.servers[index]
         with self._lock:
             if server.served is None or self._closing.is_set():
-                return  # already out (restarting, re-probed, or gone for good), or closing
+                return False  # already out (restarting, re-probed, or gone for good), or closing
+            if holding is not None and holding not in server.loaded:
+                return False  # we unloaded it (`loaded` loses it first, then the server)
             server.served = None
             server.outages += 1  # its requests in flight fail over
             server.loaded.clear()  # back, it holds only the target version
@@ -396,10 +395,11 @@ class VLLMServerGenerator:
             self.failures += 1
             restart = down and server.process is not None
             if restart and not self._claim_restart(index):
-                return
+                return True
             server.probing = not restart
         log.warning("vLLM server %d: %s", index, "restarting" if restart else "re-probing")
         self._background(self._restart if restart else self._probe, index)
+        return True
 
     def _claim_restart(self, index: int) -> bool:
         """Mark server `index` restarting if restarts are left (under `_lock`)."""
@@ -482,12 +482,12 @@ class VLLMServerGenerator:
                     self._republish(index, version)
 
     def _republish(self, index: int, version: str) -> None:
-        """Server `index` lost `version` (restarted by its owner): out of routing, and the
-        newest version loaded on it at once (a re-probe, woken) before it serves again."""
-        log.warning("vLLM server %d lost %s: loading the newest again", index, version)
-        self.republished += self.servers[index].served is not None
-        self._lost(index, down=False)
-        self.servers[index].wake.set()
+        """Server `index` lost `version` (restarted by its owner; not if a publication retired
+        it meanwhile): out of routing, the newest loaded at once (a woken re-probe) first."""
+        if self._lost(index, down=False, holding=version):
+            log.warning("vLLM server %d lost %s: loading the newest again", index, version)
+            self.republished += 1
+            self.servers[index].wake.set()
 
     def _background(self, target: Callable[..., None], *args: int) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
