@@ -171,8 +171,8 @@ def row_overrides(
         memory = (loaded.get("agent") or {}).get("memory_turns")
         if memory is not None:
             data["agent.memory_turns"] = memory
-    if row in SFT_ROWS:
-        data["train.iterations"] = 0
+    if row in SFT_ROWS:  # fine-tuning only: no RL step to replay demonstrations in
+        data["train.iterations"], data["train.replay.coef"] = 0, 0
     if "warm_start.rft_temperatures" in data:
         ladder = data["warm_start.rft_temperatures"]
         data["warm_start.rft_temperatures"] = ladder[RFT_LADDER_STRIDE - 1 :: RFT_LADDER_STRIDE]

@@ -98,7 +98,8 @@ def test_max_minutes_starts_no_row_once_spent(tmp_path: Path, capsys: Any) -> No
 
 def test_rows_keep_their_method_and_take_the_scale() -> None:
     assert compare.row_overrides("sft-gt") == [
-        "warm_start.source=gold", "warm_start.style=paper", "train.iterations=0"
+        "warm_start.source=gold", "warm_start.style=paper", "train.iterations=0",
+        "train.replay.coef=0",
     ]  # fmt: skip
     assert "critic.warmup_iterations=1" in compare.row_overrides("ppo-critic")
     assert not any(a.startswith("train.lr=") for a in compare.row_overrides("dmpo"))
@@ -111,6 +112,17 @@ def test_rows_keep_their_method_and_take_the_scale() -> None:
     assert "reference" not in " ".join(compare.row_overrides("grpo"))  # the config's: the base
     assert set(compare.PAPER_TEST_N_TGC) == set(compare.ROWS)
     assert compare.paper_ranks(["loop-token", "sft-gt", "verlog"]) == {"loop-token": 1, "sft-gt": 2}
+
+
+@pytest.mark.parametrize("row", list(compare.ROWS))
+def test_every_rows_command_passes_the_config_checks(row: str) -> None:
+    """What train.py checks before it starts: no row is refused after the driver began it."""
+    from loop.checks import check_run
+    from loop.config import load_config
+
+    command = compare.quickstart_command(row, 0, 4, Path("/x"))
+    config = load_config(compare.QUICKSTART, [a for a in command[3:] if "=" in a])
+    check_run(config, world_size=1, local_world_size=1)
 
 
 def test_a_stop_is_one_line_and_resumable(tmp_path: Path, capsys: Any) -> None:
