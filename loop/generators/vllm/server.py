@@ -120,13 +120,12 @@ class VLLMServerGenerator:
         self.keep_versions = keep_versions
         self.base_model, self.adapter_prefix = base_model, adapter_prefix
         self._prefix = f"{adapter_prefix}-v"  # every version's name starts so
-        self.start_timeout_s = start_timeout_s
-        # a request waits for a restart as long as a start may take (None)
+        self.start_timeout_s, self.request_timeout_s = start_timeout_s, request_timeout_s
+        # a request waits for a server coming back as long as a start may take (None)
         self.ready_timeout_s = start_timeout_s if ready_timeout_s is None else ready_timeout_s
-        self.request_timeout_s, self.max_concurrency = request_timeout_s, max_concurrency
         self.max_restarts, self.probe_every_s = max_restarts, probe_every_s
         self.request_resends, self.health_timeout_s = request_resends, health_timeout_s
-        self.tokenizer = tokenizer
+        self.max_concurrency, self.tokenizer = max_concurrency, tokenizer
         self.servers = [Server(url) for url in urls] + [Server(p.url, process=p) for p in processes]
         self.current = base_model  # the version new groups get: one a server confirmed
         self.adapter_path: Path | None = None
@@ -365,9 +364,12 @@ class VLLMServerGenerator:
             if server.restarting or server.served is None:
                 continue
             try:
-                admin_post(self._admin, server.url, "/unload_lora_adapter", {"lora_name": version})
+                self._admin_post(server, "/unload_lora_adapter", {"lora_name": version})
             except GeneratorError as exc:
                 log.warning("could not unload %s: %s", version, exc)
+
+    def _admin_post(self, server: Server, path: str, body: dict[str, str]) -> httpx.Response:
+        return admin_post(self._admin, server.url, path, body)
 
     # -- process life ---------------------------------------------------------------------------
 
@@ -384,10 +386,9 @@ class VLLMServerGenerator:
         only if we did not unload that version since it was seen missing. Whether it left."""
         server = self.servers[index]
         with self._lock:
-            if server.served is None or self._closing.is_set():
-                return False  # already out (restarting, re-probed, or gone for good), or closing
-            if holding is not None and holding not in server.loaded:
-                return False  # we unloaded it (`loaded` loses it first, then the server)
+            unloaded = holding is not None and holding not in server.loaded  # `loaded` first
+            if server.served is None or self._closing.is_set() or unloaded:
+                return False  # already out (restarting, re-probed, gone for good), or closing
             server.served = None
             server.outages += 1  # its requests in flight fail over
             server.loaded.clear()  # back, it holds only the target version
@@ -450,8 +451,7 @@ class VLLMServerGenerator:
                 log.info("vLLM server %d stays out of routing: %s", index, exc)
 
     def _readmit(self, index: int) -> None:
-        """Load the target version on server `index` and return it to routing (the target is
-        current from then on); a publication that lands meanwhile is loaded too."""
+        """Load the target on server `index`, then route to it (a publication meanwhile too)."""
         server = self.servers[index]
         while not self._closing.is_set():
             with self._lock:
