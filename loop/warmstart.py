@@ -11,7 +11,8 @@ as RL (`loss: cross_entropy`). It is also how the LOOP paper's fine-tuning basel
    - `rollouts`: successful rollouts of any run or model, replayed with this tokenizer;
    - `rft`: rejection sampling: the starting policy rolls out every task once per temperature
      of `rft_temperatures`; every rollout reaching `min_reward` is kept; tasks still unsolved
-     get another pass, up to `rft_passes` ([P] App. C: 0.05 to 1.0 in steps of 0.05).
+     get another pass, up to `rft_passes` ([P] App. C: 0.05 to 1.0 in steps of 0.05); when
+     none succeeds the policy is left as it is (fine-tuning on nothing), said in one line.
 2. The cache key: the model, the LoRA and warm-start settings, the agent settings (the prompt)
    and the data (the demonstrations' token ids; for `rft`, the tasks, since its data is what
    the policy samples). A cached adapter is loaded instead of training.
@@ -85,6 +86,12 @@ async def warm_start(
         key = key or cache_key(config, demos)
         cached = _cached(key) if warm.cache else None
     cached = distributed.broadcast_object(cached)
+    if warm.source == "rft" and not demos and cached is None:  # an empty set: nothing to learn
+        if distributed.is_main():
+            print("warm start: rft kept no rollout (no task solved at any temperature); the "
+                  "policy is left as it is", file=sys.stderr)  # fmt: skip
+        return {"warm_start/demonstrations": 0.0, "warm_start/cached": 0.0,
+                "time/warm_start_s": time.monotonic() - started}, demos  # fmt: skip
     if cached is not None:
         checkpoint.load_weights(parts.policy.model, cached)
         if distributed.is_main():
@@ -177,7 +184,7 @@ async def _demonstrations(
     if warm.source == "gold" and len(kept) < len(found):
         bad = sorted({t.task_id for t in found if t not in kept})
         raise ConfigError(f"warm_start: gold demonstrations that do not solve their task: {bad}")
-    if not kept:
+    if not kept and warm.source != "rft":  # rejection sampling may find none: the policy stays
         raise ConfigError(f"warm_start: no demonstration reaches min_reward {warm.min_reward}")
     return kept
 

@@ -5,6 +5,7 @@ trainer, the warm start's cache key.
   prompt and the observations are never trained) and it falls over a few epochs.
 - EI: `advantage: filter` + `loss: cross_entropy` keeps exactly the rollouts whose return
   reaches `return_threshold`, and raises the reward of the synthetic task.
+- RFT: the temperature ladder's successes are fine-tuned on; with none, the policy stays.
 - The warm start's cache key changes with its data and with every setting that shapes it; a
   warm start from a teacher's rollouts trains, is served to a separate generator, and a second
   run with the same data and settings loads the cached adapter.
@@ -172,3 +173,20 @@ def test_a_warm_start_trains_on_a_teachers_rollouts_then_comes_from_the_cache(
     assert second["warm_start/cached"] == 1 and served.served == [tmp_path / "b/warm_start/adapter"]
     again = tmp_path / "b" / "warm_start" / "adapter" / checkpoint.ADAPTER_FILE
     assert again.read_bytes() == adapter.read_bytes()
+
+
+def test_rft_fine_tunes_on_its_ladders_successes_and_without_any_leaves_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RFT ([P] App. C): the starting policy over the temperature ladder, fine-tuned on the
+    rollouts that reached `min_reward`; when none did, nothing is trained or served, in a line."""
+    monkeypatch.setenv("LOOP_CACHE_DIR", str(tmp_path / "cache"))
+    ladder = ["warm_start.source=rft", "warm_start.rft_temperatures=[0.5,1.0]"]
+    found, served = warm_started(tmp_path, "rft", tmp_path / "unused", *ladder)
+    assert found["warm_start/demonstrations"] > 0 and found["warm_start/cached"] == 0
+    assert found["warm_start/loss_last_epoch"] < found["warm_start/loss_first_epoch"]
+    assert served.served == [tmp_path / "rft" / "warm_start" / "adapter"]
+    none, served = warm_started(tmp_path, "none", tmp_path / "unused", *ladder,
+                                "warm_start.min_reward=2.0")  # fmt: skip
+    assert none["warm_start/demonstrations"] == 0 and served.served == []
+    assert "rft kept no rollout" in capsys.readouterr().err
