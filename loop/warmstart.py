@@ -88,10 +88,11 @@ async def warm_start(
     cached = distributed.broadcast_object(cached)
     if warm.source == "rft" and not demos and cached is None:  # an empty set: nothing to learn
         if distributed.is_main():
-            print("warm start: rft kept no rollout (no task solved at any temperature); the "
-                  "policy is left as it is", file=sys.stderr)  # fmt: skip
-        return {"warm_start/demonstrations": 0.0, "warm_start/cached": 0.0,
-                "time/warm_start_s": time.monotonic() - started}, demos  # fmt: skip
+            why = "rft kept no rollout (no task solved at any temperature)"
+            print(f"warm start: {why}; the policy is left as it is", file=sys.stderr)
+        elapsed = time.monotonic() - started
+        empty = {"warm_start/demonstrations": 0.0, "warm_start/cached": 0.0}
+        return empty | {"time/warm_start_s": elapsed}, demos
     if cached is not None:
         checkpoint.load_weights(parts.policy.model, cached)
         if distributed.is_main():

@@ -186,7 +186,7 @@ def test_rft_fine_tunes_on_its_ladders_successes_and_without_any_leaves_the_poli
     assert found["warm_start/demonstrations"] > 0 and found["warm_start/cached"] == 0
     assert found["warm_start/loss_last_epoch"] < found["warm_start/loss_first_epoch"]
     assert served.served == [tmp_path / "rft" / "warm_start" / "adapter"]
-    none, served = warm_started(tmp_path, "none", tmp_path / "unused", *ladder,
-                                "warm_start.min_reward=2.0")  # fmt: skip
+    unreachable = "warm_start.min_reward=2.0"  # no rollout reaches it
+    none, served = warm_started(tmp_path, "none", tmp_path / "unused", *ladder, unreachable)
     assert none["warm_start/demonstrations"] == 0 and served.served == []
     assert "rft kept no rollout" in capsys.readouterr().err
