@@ -10,9 +10,10 @@ as RL (`loss: cross_entropy`). It is also how the LOOP paper's fine-tuning basel
    - `gold`: the suite's gold solutions played through the real episode loop (loop/demos.py);
    - `rollouts`: successful rollouts of any run or model, replayed with this tokenizer;
    - `rft`: rejection sampling: the starting policy rolls out every task once per temperature
-     of `rft_temperatures`; every rollout reaching `min_reward` is kept; tasks still unsolved
-     get another pass, up to `rft_passes` ([P] App. C: 0.05 to 1.0 in steps of 0.05); when
-     none succeeds the policy is left as it is (fine-tuning on nothing), said in one line.
+     of `rft_temperatures` (each rung's rollouts written to `warm_start/rft/`: a stopped warm
+     start resumes at the next rung); every rollout reaching `min_reward` is kept; tasks still
+     unsolved get another pass, up to `rft_passes` ([P] App. C: 0.05 to 1.0 in steps of
+     0.05); when none succeeds the policy is left as it is (fine-tuning on nothing), in a line.
 2. The cache key: the model, the LoRA and warm-start settings, the agent settings (the prompt)
    and the data (the demonstrations' token ids; for `rft`, the tasks, since its data is what
    the policy samples). A cached adapter is loaded instead of training.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -63,7 +65,7 @@ from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import prompt_example
 from loop.rollout.task_sampler import split_tasks
 from loop.rollout.trajectory import Trajectory
-from loop.run.rundir import ADAPTER, RunDir, WarmStartDir, iter_name
+from loop.run.rundir import ADAPTER, RunDir, WarmStartDir, iter_name, write_rollouts_gz
 from loop.seeds import minibatch_seed, rft_seed
 
 INFO = "info.json"
@@ -198,19 +200,25 @@ async def rejection_sample(
     tasks = _tasks(config, parts)
     unsolved = {t.id for t in tasks}
     kept: list[Trajectory] = []
+    folder = RunDir(config.run_dir).warm_start
     for pass_index in range(warm.rft_passes):
         for t_index, temperature in enumerate(warm.rft_temperatures):
+            rung = folder.rft_rung(pass_index, temperature)
             jobs = [
                 RolloutJob(task, t_index, seed=rft_seed(config.seed, pass_index, t_index, i))
                 for i, task in enumerate(tasks)
                 if task.id in unsolved or pass_index == 0
             ]
             settings = dataclasses.replace(config.agent, temperature=temperature)
-            done = await collect_rollouts(
-                jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-                tokenizer=parts.tokenizer, settings=settings, example=example,
-                max_concurrent=config.train.max_concurrent_rollouts,
-            )  # fmt: skip
+            if rung.is_file():  # sampled before a stop
+                done = _read_rung(rung)
+            else:
+                done = await collect_rollouts(
+                    jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                    tokenizer=parts.tokenizer, settings=settings, example=example,
+                    max_concurrent=config.train.max_concurrent_rollouts,
+                )  # fmt: skip
+                write_rollouts_gz(rung, (t.to_json() for t in done))
             good = [t for t in done if t.reward is not None and t.reward >= warm.min_reward]
             kept += good
             unsolved -= {t.task_id for t in good}
@@ -221,6 +229,12 @@ async def rejection_sample(
         if not unsolved:
             break
     return kept
+
+
+def _read_rung(path: Path) -> list[Trajectory]:
+    """One rung's rollouts as `rejection_sample` wrote them."""
+    with gzip.open(path, "rt") as lines:
+        return [Trajectory.from_json(json.loads(line)) for line in lines]
 
 
 async def fine_tune(

@@ -9,7 +9,8 @@
     runs/<name>/eval/<split>/                evaluate.py: config.yaml, rollouts.jsonl, metrics.json
     runs/<name>/eval/<split>/iter-N/         the trainer's evaluation before iteration N
     runs/<name>/warm_start/                  the warm start (`WarmStartDir`): adapter/, its
-                                             checkpoints/iter-E/, adapter-sync/, eval/epoch-E/
+                                             checkpoints/iter-E/, adapter-sync/, eval/epoch-E/,
+                                             rft/pass-P-T<t>.jsonl.gz (RFT's ladder, by rung)
     runs/<name>/learning_curve.png           the learning curve (loop/run/report.py)
     runs/<name>/kl_reference/                the adapter RL started from (train.kl.reference start)
     runs/<name>/adapter-nonce                the run's adapter names' nonce (`adapter_nonce`)
@@ -47,6 +48,7 @@ EVAL = "eval"
 EVAL_ROLLOUTS = "rollouts.jsonl"  # evaluate.py's rollouts, one trajectory per line
 EVAL_METRICS = "metrics.json"
 WARM_START = "warm_start"
+RFT = "rft"  # the warm start's rejection-sampled rollouts, a file a rung
 ADAPTER = "adapter"  # a LoRA adapter in PEFT format (also a checkpoint's, loop/model/checkpoint.py)
 LEARNING_CURVE = "learning_curve.png"
 KL_REFERENCE = "kl_reference"
@@ -185,6 +187,11 @@ class WarmStartDir:
     def adapter_sync(self) -> Path:
         """The adapter handed to the generator for a dev evaluation between epochs."""
         return self.path / ADAPTER_SYNC
+
+    def rft_rung(self, pass_index: int, temperature: float) -> Path:
+        """RFT's rollouts of one rung of its ladder (`warm_start.source: rft`): a stopped warm
+        start samples only the rungs it has not written."""
+        return self.path / RFT / f"pass-{pass_index}-T{temperature:g}.jsonl.gz"
 
     def eval_dir(self, epoch: int) -> Path:
         """The dev evaluation after `epoch` epochs (`warm_start.select: dev`)."""

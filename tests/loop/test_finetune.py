@@ -5,7 +5,8 @@ trainer, the warm start's cache key.
   prompt and the observations are never trained) and it falls over a few epochs.
 - EI: `advantage: filter` + `loss: cross_entropy` keeps exactly the rollouts whose return
   reaches `return_threshold`, and raises the reward of the synthetic task.
-- RFT: the temperature ladder's successes are fine-tuned on; with none, the policy stays.
+- RFT: the temperature ladder's successes are fine-tuned on, its rungs kept for a resume; with
+  none, the policy stays.
 - The warm start's cache key changes with its data and with every setting that shapes it; a
   warm start from a teacher's rollouts trains, is served to a separate generator, and a second
   run with the same data and settings loads the cached adapter.
@@ -175,18 +176,36 @@ def test_a_warm_start_trains_on_a_teachers_rollouts_then_comes_from_the_cache(
     assert again.read_bytes() == adapter.read_bytes()
 
 
-def test_rft_fine_tunes_on_its_ladders_successes_and_without_any_leaves_the_policy(
+def test_rft_trains_on_its_ladders_successes_resumes_by_rung_and_without_any_leaves_the_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """RFT ([P] App. C): the starting policy over the temperature ladder, fine-tuned on the
-    rollouts that reached `min_reward`; when none did, nothing is trained or served, in a line."""
+    rollouts that reached `min_reward` (each rung written; a rerun samples none again); when
+    none did, nothing is trained or served, said in a line."""
     monkeypatch.setenv("LOOP_CACHE_DIR", str(tmp_path / "cache"))
     ladder = ["warm_start.source=rft", "warm_start.rft_temperatures=[0.5,1.0]"]
     found, served = warm_started(tmp_path, "rft", tmp_path / "unused", *ladder)
     assert found["warm_start/demonstrations"] > 0 and found["warm_start/cached"] == 0
     assert found["warm_start/loss_last_epoch"] < found["warm_start/loss_first_epoch"]
     assert served.served == [tmp_path / "rft" / "warm_start" / "adapter"]
+    rungs = sorted((tmp_path / "rft" / "warm_start" / "rft").iterdir())
+    assert [r.name for r in rungs] == ["pass-0-T0.5.jsonl.gz", "pass-0-T1.jsonl.gz"]
+    sampled = [
+        json.loads(line)
+        for rung in rungs
+        for line in gzip.decompress(rung.read_bytes()).splitlines()
+    ]
+    kept = sum(r["reward"] >= 0.75 for r in sampled)  # exactly the successes are trained on
+    assert found["warm_start/demonstrations"] == kept < len(sampled)
     unreachable = "warm_start.min_reward=2.0"  # no rollout reaches it
     none, served = warm_started(tmp_path, "none", tmp_path / "unused", *ladder, unreachable)
     assert none["warm_start/demonstrations"] == 0 and served.served == []
     assert "rft kept no rollout" in capsys.readouterr().err
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a rung written before was sampled again")
+
+    monkeypatch.setenv("LOOP_CACHE_DIR", str(tmp_path / "another-cache"))
+    monkeypatch.setattr("loop.warmstart.collect_rollouts", never)
+    again, _ = warm_started(tmp_path, "rft", tmp_path / "unused", *ladder)  # a stopped run, rerun
+    assert again["warm_start/demonstrations"] == kept
