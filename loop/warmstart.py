@@ -210,25 +210,38 @@ async def rejection_sample(
                 if task.id in unsolved or pass_index == 0
             ]
             settings = dataclasses.replace(config.agent, temperature=temperature)
+            rung_name = f"rft pass {pass_index} T={temperature:g}"
             if rung.is_file():  # sampled before a stop
                 done = _read_rung(rung)
             else:
-                done = await collect_rollouts(
-                    jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
-                    tokenizer=parts.tokenizer, settings=settings, example=example,
-                    max_concurrent=config.train.max_concurrent_rollouts,
-                )  # fmt: skip
+                with tqdm(
+                    total=len(jobs),
+                    desc=rung_name,
+                    unit="rollout",
+                    disable=not show_progress,
+                    leave=False,
+                    file=sys.stderr,
+                ) as progress:
+                    done = await collect_rollouts(
+                        jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
+                        tokenizer=parts.tokenizer, settings=settings, example=example,
+                        max_concurrent=config.train.max_concurrent_rollouts,
+                        on_done=functools.partial(_advance, progress),
+                    )  # fmt: skip
                 write_rollouts_gz(rung, (t.to_json() for t in done))
             good = [t for t in done if t.reward is not None and t.reward >= warm.min_reward]
             kept += good
             unsolved -= {t.task_id for t in good}
             if show_progress:
                 solved = f"{len(tasks) - len(unsolved)}/{len(tasks)} tasks solved"
-                print(f"rft pass {pass_index} T={temperature:g}: {len(good)}/{len(done)} kept, "
-                      f"{solved}", file=sys.stderr)  # fmt: skip
+                print(f"{rung_name}: {len(good)}/{len(done)} kept, {solved}", file=sys.stderr)
         if not unsolved:
             break
     return kept
+
+
+def _advance(progress: tqdm, _: Trajectory) -> None:
+    progress.update(1)
 
 
 def _read_rung(path: Path) -> list[Trajectory]:
