@@ -141,8 +141,8 @@ SCALE_KEYS = {
 WARM_START_KEYS = ("source", "style", "rft_temperatures", "rft_passes", "min_reward")
 SHORT_WARMUP = 1  # critic warm-up iterations at these scales
 # RFT's ladder at the quickstart: every 4th of the paper's 20 temperatures (0.2, 0.4, ..., 1.0)
-# and one pass: 5 x 72 = 360 rollouts of the base, about 20 minutes on 2 cores (an evaluation's
-# 108 take 330 s), where the full ladder's 4,320 would take hours.
+# and one pass: 5 x 72 = 360 rollouts of the base, 7 to 12 minutes a rung on 2 cores (the base
+# runs every rollout out of turns), where the full ladder's 4,320 would take most of a day.
 RFT_LADDER_STRIDE = 4
 RFT_PASSES = 1
 QUICKSTART = ROOT / "configs/quickstart.yaml"
