@@ -246,7 +246,8 @@ def run_quickstart(
 
 
 def checkout_commit() -> str | None:
-    """The checkout's commit the row ran (`+` when its tracked files had changes), or None
+    """The checkout's commit the row ran (`+` when its tracked files outside docs/ had
+    changes: the results file itself, docs/table1.jsonl, is not the row's code), or None
     outside a git checkout."""
 
     def git(*args: str) -> str:
@@ -256,7 +257,8 @@ def checkout_commit() -> str | None:
     head = git("rev-parse", "--short", "HEAD")
     if not head:
         return None
-    return head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs")
+    return head + ("+" if changed else "")
 
 
 def cpu_model() -> str:
