@@ -247,7 +247,8 @@ async def test_a_publication_during_a_health_probe_is_not_taken_for_a_forgetful_
 ) -> None:
     """The watcher reads a server's version, asks `/health` (slow on a busy server), then
     `/models`: a publication that lands meanwhile unloads the version it read. The server
-    forgot nothing and stays in routing (it left, and a request found none, on a slow CI)."""
+    forgot nothing and stays in routing (it used to leave, and with one server a request
+    then found none)."""
     server = stub(tmp_path, "busy", "--health-s", "0.3", "--load-s", "0.05")
     server.start(30)
     generator = VLLMServerGenerator(
