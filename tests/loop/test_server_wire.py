@@ -19,7 +19,10 @@ import asyncio
 import os
 import signal
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,6 +49,23 @@ def adapter(tmp_path: Path, name: str) -> Path:
 def weights(text: str) -> str:
     """The adapter path the stand-in sampled with (its answer: `<model> <path>`)."""
     return text.split()[1]
+
+
+@asynccontextmanager
+async def attached(
+    tmp_path: Path, name: str, *stub_args: str, prefix: str = "run", **settings: Any
+) -> AsyncIterator[tuple[ServerProcess, VLLMServerGenerator]]:
+    """A stand-in server started, and a generator attached to it by URL; both ended after."""
+    server = stub(tmp_path, name, *stub_args)
+    server.start(30)
+    generator = VLLMServerGenerator(
+        base_model="base", adapter_prefix=prefix, urls=[server.url], **settings
+    )
+    try:
+        yield server, generator
+    finally:
+        await generator.close()
+        server.stop()
 
 
 async def test_two_runs_named_alike_on_one_server_sample_their_own_adapters(
@@ -76,10 +96,7 @@ async def test_two_runs_named_alike_on_one_server_sample_their_own_adapters(
 
 
 async def test_a_name_a_server_holds_that_we_did_not_load_is_an_error(tmp_path: Path) -> None:
-    server = stub(tmp_path, "shared")
-    server.start(30)
-    generator = VLLMServerGenerator(base_model="base", adapter_prefix="x-n", urls=[server.url])
-    try:
+    async with attached(tmp_path, "shared", prefix="x-n") as (server, generator):
         mine = adapter(tmp_path, "mine")
         generator.load_adapter(mine)
         other = {"lora_name": "x-n-v2", "lora_path": str(adapter(tmp_path, "other"))}
@@ -91,9 +108,6 @@ async def test_a_name_a_server_holds_that_we_did_not_load_is_an_error(tmp_path: 
         assert answer.adapter_version == "x-n-v1" and weights(answer.text) == str(mine)
         listed = httpx.get(server.url + "/models").json()["data"]
         assert {"id": "x-n-v2"} in listed  # the other's adapter was not replaced
-    finally:
-        await generator.close()
-        server.stop()
 
 
 async def test_a_resumed_run_unloads_what_its_earlier_life_left(tmp_path: Path) -> None:
@@ -118,12 +132,8 @@ async def test_a_resumed_run_unloads_what_its_earlier_life_left(tmp_path: Path) 
 async def test_a_group_started_during_a_slow_publication_samples_the_previous_version(
     tmp_path: Path,
 ) -> None:
-    server = stub(tmp_path, "slow-loads", "--load-s", "1.5")
-    server.start(30)
-    generator = VLLMServerGenerator(
-        base_model="base", adapter_prefix="run", urls=[server.url], keep_versions=2
-    )
-    try:
+    slow = ("--load-s", "1.5")
+    async with attached(tmp_path, "slow-loads", *slow, keep_versions=2) as (_, generator):
         generator.load_adapter(adapter(tmp_path, "v1"))
         publishing = threading.Thread(
             target=generator.load_adapter, args=(adapter(tmp_path, "v2"),)
@@ -135,9 +145,6 @@ async def test_a_group_started_during_a_slow_publication_samples_the_previous_ve
         await asyncio.to_thread(publishing.join)
         after = await generator.generate([4, 5, 6], SHORT)
         assert after.adapter_version == "run-v2"
-    finally:
-        await generator.close()
-        server.stop()
 
 
 def stop(process: ServerProcess, sig: signal.Signals) -> None:
@@ -196,12 +203,7 @@ async def test_a_stopped_server_of_ours_is_killed_and_restarted(tmp_path: Path) 
 async def test_an_attached_server_that_forgot_its_adapters_gets_the_newest_before_serving(
     tmp_path: Path,
 ) -> None:
-    server = stub(tmp_path, "forgetful")
-    server.start(30)
-    generator = VLLMServerGenerator(
-        base_model="base", adapter_prefix="run", urls=[server.url], probe_every_s=0.2
-    )
-    try:
+    async with attached(tmp_path, "forgetful", probe_every_s=0.2) as (server, generator):
         v1 = adapter(tmp_path, "v1")
         generator.load_adapter(v1)
         httpx.post(server.url.removesuffix("/v1") + "/forget", json={})  # restarted by its owner
@@ -214,9 +216,6 @@ async def test_an_attached_server_that_forgot_its_adapters_gets_the_newest_befor
         await until(lambda: lists_v1() and generator.servers[0].served == "run-v1")
         answer = await generator.generate([1, 2, 3], SHORT)
         assert answer.adapter_version == "run-v1" and weights(answer.text) == str(v1)
-    finally:
-        await generator.close()
-        server.stop()
 
 
 async def test_a_request_to_a_server_that_forgot_its_adapters_fails_over(tmp_path: Path) -> None:
@@ -249,13 +248,9 @@ async def test_a_publication_during_a_health_probe_is_not_taken_for_a_forgetful_
     `/models`: a publication that lands meanwhile unloads the version it read. The server
     forgot nothing and stays in routing (it used to leave, and with one server a request
     then found none)."""
-    server = stub(tmp_path, "busy", "--health-s", "0.3", "--load-s", "0.05")
-    server.start(30)
-    generator = VLLMServerGenerator(
-        base_model="base", adapter_prefix="run", urls=[server.url], probe_every_s=0.05,
-        keep_versions=1,
-    )  # fmt: skip
-    try:
+    busy = ("--health-s", "0.3", "--load-s", "0.05")
+    settings: dict[str, Any] = {"probe_every_s": 0.05, "keep_versions": 1}
+    async with attached(tmp_path, "busy", *busy, **settings) as (_, generator):
         for k in range(1, 7):
             generator.load_adapter(adapter(tmp_path, f"v{k}"))
             await asyncio.sleep(0.2)  # the watcher is inside its health probe now and then
@@ -263,26 +258,16 @@ async def test_a_publication_during_a_health_probe_is_not_taken_for_a_forgetful_
             assert answer.adapter_version == f"run-v{k}"
         stats = generator.stats()
         assert stats.adapters_republished == 0 and stats.server_failures == 0, stats
-    finally:
-        await generator.close()
-        server.stop()
 
 
 async def test_a_request_to_the_only_server_waits_while_it_gets_its_adapters_again(
     tmp_path: Path,
 ) -> None:
-    server = stub(tmp_path, "forgetful", "--load-s", "0.5")
-    server.start(30)
-    generator = VLLMServerGenerator(
-        base_model="base", adapter_prefix="run", urls=[server.url], probe_every_s=3600.0
-    )
-    try:
+    slow = ("--load-s", "0.5")
+    async with attached(tmp_path, "forgetful", *slow, probe_every_s=3600.0) as (server, generator):
         v1 = adapter(tmp_path, "v1")
         generator.load_adapter(v1)
         httpx.post(server.url.removesuffix("/v1") + "/forget", json={})  # restarted by its owner
         answer = await generator.generate([1, 2, 3], SHORT)  # its 404: out, v1 loaded again
         assert answer.adapter_version == "run-v1" and weights(answer.text) == str(v1)
         assert generator.resent == 1 and generator.stats().adapters_republished == 1
-    finally:
-        await generator.close()
-        server.stop()
