@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import hashlib
 import json
 import math
@@ -65,6 +64,7 @@ from loop.rollout.collect import RolloutJob, collect_rollouts
 from loop.rollout.prompt import prompt_example
 from loop.rollout.task_sampler import split_tasks
 from loop.rollout.trajectory import Trajectory
+from loop.run.records import find_sources, read_rollouts
 from loop.run.rundir import ADAPTER, RunDir, WarmStartDir, iter_name, write_rollouts_gz
 from loop.seeds import minibatch_seed, rft_seed
 
@@ -245,9 +245,8 @@ def _advance(progress: tqdm, _: Trajectory) -> None:
 
 
 def _read_rung(path: Path) -> list[Trajectory]:
-    """One rung's rollouts as `rejection_sample` wrote them."""
-    with gzip.open(path, "rt") as lines:
-        return [Trajectory.from_json(json.loads(line)) for line in lines]
+    """One rung's rollouts as `rejection_sample` wrote them (the rollouts files' reader)."""
+    return [rollout.traj for rollout in read_rollouts(find_sources(path)[0])]
 
 
 async def fine_tune(
