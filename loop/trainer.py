@@ -110,7 +110,6 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 
@@ -138,7 +137,7 @@ from loop.rollout.trajectory import Trajectory
 from loop.run.metrics import group_signals, infra_failure_problem, iteration_metrics, throughput
 from loop.run.report import learning_report
 from loop.run.rundir import RunDir, write_config
-from loop.run.runlog import RunLog, summary_line, write_rollouts
+from loop.run.runlog import RunLog, progress_bar, summary_line, write_rollouts
 from loop.seeds import shuffle_seed
 from loop.warmstart import demo_sample, demonstrations, load_init_adapter, warm_start
 from tasks import Task
@@ -417,7 +416,7 @@ async def roll_out(
         return [], 0, {}
     jobs, enough = iteration_jobs(tasks, iteration, config.seed, cfg)
     settings = dataclasses.replace(config.agent, max_turns=max_turns)
-    progress = _progress(len(jobs), f"iter {iteration} rollouts", show_progress)
+    progress = progress_bar(len(jobs), f"iter {iteration} rollouts", show_progress)
     done = await collect_rollouts(
         jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
         tokenizer=parts.tokenizer, settings=settings,
@@ -490,9 +489,3 @@ def save(
     }  # fmt: skip
     keep = cfg.keep_checkpoints, cfg.keep_every  # the last n, and every k-th
     checkpoint.save_checkpoint(run.checkpoints, iteration, policy.model, state, *keep)
-
-
-def _progress(total: int, desc: str, show: bool, unit: str = "rollout") -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False)

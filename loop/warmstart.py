@@ -66,6 +66,7 @@ from loop.rollout.task_sampler import split_tasks
 from loop.rollout.trajectory import Trajectory
 from loop.run.records import find_sources, read_rollouts
 from loop.run.rundir import ADAPTER, RunDir, WarmStartDir, iter_name, write_rollouts_gz
+from loop.run.runlog import progress_bar
 from loop.seeds import minibatch_seed, rft_seed
 
 INFO = "info.json"
@@ -214,14 +215,7 @@ async def rejection_sample(
             if rung.is_file():  # sampled before a stop
                 done = _read_rung(rung)
             else:
-                with tqdm(
-                    total=len(jobs),
-                    desc=rung_name,
-                    unit="rollout",
-                    disable=not show_progress,
-                    leave=False,
-                    file=sys.stderr,
-                ) as progress:
+                with progress_bar(len(jobs), rung_name, show_progress) as progress:
                     done = await collect_rollouts(
                         jobs, suite=parts.suite, pool=parts.pool, generator=parts.generator,
                         tokenizer=parts.tokenizer, settings=settings, example=example,
@@ -272,10 +266,8 @@ async def fine_tune(
         print(f"warm start: resuming after epoch {first}", file=sys.stderr)
     for epoch in range(first, warm.epochs):
         steps = math.ceil(len(samples) / learner.local_minibatch_size())
-        progress = tqdm(
-            total=steps, desc=f"warm start epoch {epoch + 1}/{warm.epochs}", unit="step",
-            disable=not show_progress, leave=False, file=sys.stderr,
-        )  # fmt: skip
+        desc = f"warm start epoch {epoch + 1}/{warm.epochs}"
+        progress = progress_bar(steps, desc, show_progress, unit="step")
         try:
             stats = learner.learn(
                 samples, seed=minibatch_seed(config.seed, epoch),

@@ -3,16 +3,20 @@
 
 One `RunLog` per run, written by the main process only. Every record is one JSON line with the
 iteration and namespaced keys (`rollout/reward_mean`, `loss/clipfrac`, `time/learn_s`, ...);
-TensorBoard gets the same scalars. `summary_line` is the one-line report printed per iteration.
+TensorBoard gets the same scalars. `summary_line` is the one-line report printed per
+iteration; `progress_bar` the bar of a step under way (rollouts, learner steps), on stderr.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
 
 from loop.run.rundir import RunDir, write_rollouts_gz
 
@@ -124,3 +128,8 @@ def write_rollouts(
         }  # fmt: skip
 
     write_rollouts_gz(path, (record(i, traj) for i, traj in enumerate(rollouts)))
+
+
+def progress_bar(total: int, desc: str, show: bool, unit: str = "rollout") -> tqdm:
+    """A bar on stderr for `total` units of one step (none when not `show`), cleared at close."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=not show, file=sys.stderr, leave=False)
