@@ -3,8 +3,9 @@
     python evaluate.py --config configs/quickstart.yaml --split dev [--checkpoint DIR]
 
 Writes `<run_dir>/eval/<split>/`: `config.yaml` (resolved), `rollouts.jsonl` (one trajectory per
-line, appended as each finishes, so an interrupted evaluation keeps what it completed) and
-`metrics.json`. With `eval.sampled_rollouts_per_task` K > 0 the same pass also samples K
+line, appended as each finishes, so an interrupted evaluation keeps what it completed; the
+trainer's rerun rolls out only the rest) and `metrics.json`. With
+`eval.sampled_rollouts_per_task` K > 0 the same pass also samples K
 rollouts per task at `eval.sampled_temperature` into `<run_dir>/eval/<split>@T<t>/` (metrics
 `eval/sampled/*`): a greedy score can rise while the policy's sampled success does not. The
 trainer's periodic evaluation calls `run_evaluations` too: one code path. evaluate.py builds the
@@ -34,7 +35,14 @@ from loop.rollout.prompt import prompt_example
 from loop.rollout.task_sampler import split_tasks
 from loop.rollout.trajectory import Trajectory
 from loop.run.metrics import compute_metrics
-from loop.run.rundir import RunDir, eval_rollouts_sink, write_config, write_eval_metrics
+from loop.run.rundir import (
+    RunDir,
+    eval_rollouts_lines,
+    eval_rollouts_sink,
+    same_config,
+    write_config,
+    write_eval_metrics,
+)
 from loop.seeds import eval_seed
 from tasks import Task, TaskSuite
 
@@ -48,6 +56,26 @@ def eval_jobs(tasks: list[Task], rollouts_per_task: int, seed: int) -> list[Roll
         for i, task in enumerate(tasks)
         for k in range(rollouts_per_task)
     ]
+
+
+def finished_rollouts(
+    out_dir: Path, config: dict[str, Any], jobs: list[RolloutJob]
+) -> dict[tuple[str, int], tuple[str, Trajectory]]:
+    """The rollouts of `jobs` that an earlier pass with the same resolved `config` wrote to
+    `out_dir` before it was interrupted, by (task, sample): their JSON line and trajectory (a
+    line cut short by the kill is not kept); none when the config there differs."""
+    if not same_config(out_dir, config):
+        return {}
+    wanted = {(job.task.id, job.sample_index) for job in jobs}
+    kept: dict[tuple[str, int], tuple[str, Trajectory]] = {}
+    for line in eval_rollouts_lines(out_dir):
+        try:
+            traj = Trajectory.from_json(json.loads(line))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if (key := (traj.task_id, traj.sample_index)) in wanted:
+            kept[key] = (line, traj)
+    return kept
 
 
 def eval_agent_settings(config: RunConfig) -> AgentConfig:
@@ -94,12 +122,13 @@ async def run_evaluations(
     out_dir: Callable[[str], Path],
     show_progress: bool = True,
     split: str | None = None,
+    resume: bool = False,
 ) -> dict[str, float]:
     """Every pass of `evaluation_passes` over `split` (default: eval.split) at once, their
     rollouts decoding together, at most `eval.max_concurrent_rollouts` in flight for all of
     them (a rollout in flight holds its keys and values between turns: more than the
     generator's rows only wait), each written under `out_dir(label)`: the metrics of the
-    first (`eval/*`) and of the sampled one (`eval/sampled/*`)."""
+    first (`eval/*`) and of the sampled one (`eval/sampled/*`); `resume`: as `run_evaluation`'s."""
     split = split or config.eval.split
     passes = evaluation_passes(config, split)
     in_flight = asyncio.Semaphore(config.eval.max_concurrent_rollouts)
@@ -107,7 +136,7 @@ async def run_evaluations(
         run_evaluation(
             settings, suite=suite, pool=pool, generator=generator, tokenizer=tokenizer,
             out_dir=out_dir(label), show_progress=show_progress, split=split, label=label,
-            in_flight=in_flight,
+            in_flight=in_flight, resume=resume,
         )
         for label, settings in passes
     ))  # fmt: skip
@@ -129,11 +158,14 @@ async def run_evaluation(
     split: str | None = None,
     label: str | None = None,
     in_flight: asyncio.Semaphore | None = None,
+    resume: bool = False,
 ) -> dict[str, float]:
     """Roll out `split` (default: eval.split), write rollouts and metrics under `out_dir`,
     return the metrics (`label` names the progress bar; default: the split; `in_flight`: a
     bound on rollouts in flight shared with other passes, else `eval.max_concurrent_rollouts`
-    of this pass's)."""
+    of this pass's). With `resume` (the caller knows the policy is the one that wrote
+    `out_dir`), the rollouts an interrupted pass of the same config finished are kept, not
+    rolled out again."""
     split = split or config.eval.split
     tasks = split_tasks(suite, split, config.eval.max_difficulty, "eval.split")
     if config.eval.limit is not None:
@@ -141,16 +173,22 @@ async def run_evaluation(
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
     settings = eval_agent_settings(config)
     written = dataclasses.replace(config, eval=dataclasses.replace(config.eval, split=split))
+    kept = finished_rollouts(out_dir, written.to_dict(), jobs) if resume else {}
+    if kept:
+        log.info("%s: %d of %d rollouts kept from an interrupted evaluation",
+                 out_dir, len(kept), len(jobs))  # fmt: skip
     write_config(out_dir, written.to_dict())
     progress = tqdm(
         total=len(jobs),
+        initial=len(kept),
         desc=f"eval {label or split}",
         unit="rollout",
         disable=not show_progress,
         file=sys.stderr,
     )
-    solved = 0
-    with eval_rollouts_sink(out_dir) as sink:
+    solved = sum(bool(traj.success) for _, traj in kept.values())
+    jobs = [job for job in jobs if (job.task.id, job.sample_index) not in kept]
+    with eval_rollouts_sink(out_dir, kept=[line for line, _ in kept.values()]) as sink:
 
         def record(traj: Trajectory) -> None:
             nonlocal solved
@@ -166,7 +204,7 @@ async def run_evaluation(
             max_concurrent=in_flight or config.eval.max_concurrent_rollouts, on_done=record,
         )  # fmt: skip
     progress.close()
-    metrics = compute_metrics(trajectories)
+    metrics = compute_metrics([*(traj for _, traj in kept.values()), *trajectories])
     write_eval_metrics(out_dir, metrics)
     return metrics
 

@@ -238,7 +238,7 @@ async def _train(config: RunConfig, parts: TrainParts, show_progress: bool) -> d
         if (iteration + 1) % cfg.checkpoint_every == 0 or iteration + 1 == cfg.iterations:
             save(run, iteration + 1, parts.policy, learner, sampler, ahead, buffer, cfg)
     # After the last iteration: the final evaluation, so the run ends with a before/after pair.
-    return await finish(config, parts, run, start, metrics, runlog, show_progress)
+    return await finish(config, parts, run, metrics, runlog, show_progress)
 
 
 @contextlib.contextmanager
@@ -273,14 +273,14 @@ async def start_policy(
 
 
 async def finish(
-    config: RunConfig, parts: TrainParts, run: RunDir, start: int, metrics: dict[str, float],
+    config: RunConfig, parts: TrainParts, run: RunDir, metrics: dict[str, float],
     runlog: RunLog | None, show_progress: bool,
 ) -> dict[str, float]:  # fmt: skip
     """After the last iteration: the final evaluation (logged at `train.iterations`), the run
     log closed and the learning report printed; returns the last metrics with it."""
     cfg = config.train
     final: dict[str, float] = {}
-    if cfg.eval_every and (start < cfg.iterations or cfg.iterations == 0):
+    if cfg.eval_every:  # on a rerun, only the rollouts an interrupted one did not finish
         final = await evaluate_during_training(config, parts, run, cfg.iterations, show_progress)
     if cfg.iterations == 0:
         final = metrics | final  # no iteration logged the warm start's numbers
@@ -386,7 +386,8 @@ async def evaluate_during_training(
 ) -> dict[str, float]:
     """evaluate.py's evaluation of eval.split (`eval/*`) and of each of eval.more_splits
     (`eval/<split>/*`), written under eval/<split>/iter-<iteration>/ (a sampled pass's under
-    eval/<split>@T<t>/iter-<iteration>/, metrics `.../sampled/*`)."""
+    eval/<split>@T<t>/iter-<iteration>/, metrics `.../sampled/*`). A rerun after a kill keeps
+    the rollouts the interrupted one finished: its policy is the same checkpoint's."""
     if not distributed.is_main():
         return {}
     metrics: dict[str, float] = {}
@@ -396,7 +397,7 @@ async def evaluate_during_training(
             scores = await run_evaluations(
                 config, suite=parts.suite, pool=parts.pool, generator=parts.generator,
                 tokenizer=parts.tokenizer, out_dir=lambda label: run.eval_dir(label, iteration),
-                show_progress=show_progress, split=split,
+                show_progress=show_progress, split=split, resume=True,
             )  # fmt: skip
             prefix = "eval/" if split == config.eval.split else f"eval/{split}/"
             metrics |= {prefix + k.removeprefix("eval/"): v for k, v in scores.items()}

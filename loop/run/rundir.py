@@ -257,12 +257,30 @@ def read_config(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def same_config(folder: Path, config: dict[str, Any]) -> bool:
+    """Whether `folder/config.yaml` is the one `write_config(folder, config)` writes."""
+    path = folder / CONFIG
+    return path.is_file() and path.read_text() == yaml.safe_dump(config, sort_keys=False)
+
+
+def eval_rollouts_lines(folder: Path) -> list[str]:
+    """The lines of `folder/rollouts.jsonl` (none when it is missing)."""
+    path = folder / EVAL_ROLLOUTS
+    return path.read_text().splitlines() if path.is_file() else []
+
+
 @contextmanager
-def eval_rollouts_sink(folder: Path) -> Iterator[IO[str]]:
+def eval_rollouts_sink(folder: Path, kept: Iterable[str] = ()) -> Iterator[IO[str]]:
     """`folder/rollouts.jsonl` open for writing, one JSON line per rollout (flush each one, so
-    an interrupted evaluation keeps what it finished)."""
+    an interrupted evaluation keeps what it finished), starting with the `kept` lines (an
+    interrupted pass's finished rollouts, written anew at once, so a line cut short by the kill
+    goes and a second kill loses none of them)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with (folder / EVAL_ROLLOUTS).open("w") as sink:
+    path = folder / EVAL_ROLLOUTS
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(line + "\n" for line in kept))
+    os.replace(partial, path)
+    with path.open("a") as sink:
         yield sink
 
 
