@@ -260,8 +260,6 @@ def check_values(config: RunConfig) -> None:
             f"eval.sampled_temperature: must be > 0 for a sampled pass, got "
             f"{config.eval.sampled_temperature} (greedy is the first pass's eval.temperature)"
         )
-    if config.warm_start.limit is not None and config.warm_start.limit <= 0:
-        raise ConfigError(f"warm_start.limit: must be > 0, got {config.warm_start.limit}")
     if config.agent.temperature < 0 or not 0 < config.agent.top_p <= 1:
         raise ConfigError("agent.temperature must be >= 0 and agent.top_p in (0, 1]")
     if backend(config).needs_endpoint and not (
@@ -415,15 +413,12 @@ def _check_demo_replay(config: RunConfig, world_size: int) -> None:
 
 def _check_warm_start(config: RunConfig) -> None:
     warm = config.warm_start
-    positive = {
-        "warm_start.epochs": warm.epochs,
-        "warm_start.lr": warm.lr,
-        "warm_start.minibatch_size": warm.minibatch_size,
-        "warm_start.rft_passes": warm.rft_passes,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key}: must be > 0, got {value}")
+    limit = ["limit"] if warm.limit is not None else []
+    for name in ["epochs", "lr", "minibatch_size", "rft_passes", *limit]:
+        if (value := getattr(warm, name)) <= 0:
+            raise ConfigError(f"warm_start.{name}: must be > 0, got {value}")
+    if not 0 <= warm.read_fraction <= 1:  # NaN too
+        raise ConfigError(f"warm_start.read_fraction: must be in [0, 1], got {warm.read_fraction}")
     if warm.source == "rollouts" and not warm.rollouts:
         raise ConfigError("warm_start.source rollouts needs warm_start.rollouts (paths)")
     if warm.source == "rft" and (not warm.rft_temperatures or min(warm.rft_temperatures) < 0):

@@ -430,6 +430,7 @@ class WarmStartConfig:
         "the tasks after a failed wrong call, not trained on) | lookup (careful, each app's "
         "APIs listed before the chosen one's documentation: loop/demos.py)",
     )
+    read_fraction: float = doc(1.0, "careful, lookup: the share of demonstrations that read first")
     rollouts: list[str] = doc_factory(list, "run dirs, eval dirs or rollouts files")
     min_reward: float = doc(1.0, "rollouts and rft: keep rollouts whose reward reaches this")
     epochs: int = doc(3, "passes over the demonstrations")

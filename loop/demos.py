@@ -24,7 +24,9 @@ Two sources:
   and reads its documentation; the wrong guess comes first in
   half the (task, app) pairs. An agent that knows no name of an unfamiliar app's APIs can copy
   one from the list, where a careful agent could only guess (and mostly guessed wrong names on
-  the `lookup` band: configs/quickstart-lookup.yaml).
+  the `lookup` band: configs/quickstart-lookup.yaml). With `read_fraction` below 1 only that
+  share of the tasks (careful) or (task, app) pairs (lookup) read; the others call the API
+  straight away: a policy that reads sometimes, so that RL can find where reading pays.
 - `replayed_demonstrations`: the assistant messages of successful rollouts from rollouts files
   (any run, any model: a teacher evaluated through the `openai` backend, say), replayed through
   the real environment with this policy's tokenizer, so they become token-exact for the student;
@@ -55,6 +57,7 @@ CALL = re.compile(r"apis\.(\w+)\.(\w+)\(")
 PAGED = re.compile(r"apis\.(\w+)\.(\w+)\b(?!\s*\()")  # an API handed to a helper, not called
 REFERENCE = re.compile(r"apis\.(\w+)\.(\w+)\b")  # called or handed to a helper
 ANSWER = re.compile(r"complete_task\(\s*answer\s*=\s*(.+)\)\s*$", re.DOTALL)
+READ_FRACTION_STEPS = 1000  # read_fraction's resolution in the hash that picks the readers
 QUOTED_OUTPUT_CHARS = 80  # the last thought quotes the previous output when it is this short
 
 
@@ -74,8 +77,11 @@ class Mistake(str):
     wrong call: the policy learns what follows a failed call, never to make one)."""
 
 
-def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> list[Message]:
-    """The assistant messages of `task`'s gold solution, thought + code per turn."""
+def gold_scripts(
+    suite: TaskSuite, task: Task, style: DemoStyle = "episode", read_fraction: float = 1.0
+) -> list[Message]:
+    """The assistant messages of `task`'s gold solution, thought + code per turn (`read_fraction`:
+    `careful_turns`')."""
     if not isinstance(suite, GoldSolutions):  # a declared Protocol (tasks/core.py)
         raise DemonstrationError(
             f"suite {suite.name} has no gold solutions: use demonstrations from rollouts files"
@@ -87,7 +93,10 @@ def gold_scripts(suite: TaskSuite, task: Task, style: DemoStyle = "episode") -> 
     last = len(cells) - 1
     turns = [_episode_turn(cell, final=i == last) for i, cell in enumerate(cells)]
     if style in ("careful", "lookup"):
-        return careful_turns(cells, turns, task.id, lookup=style == "lookup", task=task.instruction)
+        return careful_turns(
+            cells, turns, task.id, lookup=style == "lookup", task=task.instruction,
+            read_fraction=read_fraction,
+        )  # fmt: skip
     return turns
 
 
@@ -98,15 +107,22 @@ def careful_turns(
     *,
     lookup: bool = False,
     task: str = "",
+    read_fraction: float = 1.0,
 ) -> list[Message]:
     """`turns` with the careful style's reading turns before the first cell that uses an app's
     API, called or handed to a paging helper: for the first app used, or (`lookup`) for each
     app, with its APIs listed first and the choice tied to the words of `task` (the
-    instruction) that name it (see the module docstring); unchanged when none is used."""
+    instruction) that name it (see the module docstring); unchanged when none is used. Only
+    `read_fraction` of the tasks (`lookup`: of the (task, app) pairs) read, by a stable hash;
+    the others call the API straight away, as the `episode` style does."""
     firsts = first_uses(cells)
     out = list(turns)
     for index, app, api in reversed(firsts if lookup else firsts[:1]):
         key = f"{task_id}/{app}" if lookup else task_id  # which (task, app) guesses wrong first
+        if zlib.crc32(f"read {key}".encode()) % READ_FRACTION_STEPS >= round(
+            read_fraction * READ_FRACTION_STEPS
+        ):
+            continue
         guess_first = zlib.crc32(key.encode()) % 2 == 1
         out[index:index] = _reading_turns(app, api, guess_first, lookup, task)
     return out

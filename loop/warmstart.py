@@ -165,7 +165,8 @@ async def _demonstrations(
         else:
             if warm.source == "gold":
                 scripts: list[tuple[Any, Sequence[Message]]] = [
-                    (t, gold_scripts(parts.suite, t, warm.style)) for t in _tasks(config, parts)
+                    (t, gold_scripts(parts.suite, t, warm.style, warm.read_fraction))
+                    for t in _tasks(config, parts)
                 ]
             else:
                 replayed = read_successful_rollouts(warm.rollouts, warm.min_reward)
@@ -336,8 +337,9 @@ def _settings(config: RunConfig) -> dict[str, Any]:
         model.pop(irrelevant)
     warm = dataclasses.asdict(config.warm_start)
     warm.pop("cache")
-    if warm["limit"] is None:  # keys from before the option existed stay valid
-        warm.pop("limit")
+    for option, default in (("limit", None), ("read_fraction", 1.0)):
+        if warm[option] == default:  # keys from before the option existed stay valid
+            warm.pop(option)
     return {
         "model": model, "warm_start": warm, "agent": dataclasses.asdict(config.agent),
         "suite": config.suite, "seed": config.seed,

@@ -199,3 +199,36 @@ def test_the_lookup_choice_quotes_the_words_that_name_the_api(suite: Any) -> Non
     messages = gold_scripts(suite, suite.task("music_count_playlists_10"), "lookup")
     said = 'The task says "playlists": music.show_playlists is the API for this step'
     assert any(isinstance(m, str) and said in m for m in messages)
+
+
+def test_a_read_fraction_reads_in_that_share_of_the_pairs_and_plays_the_rest_straight(
+    suite: Any,
+) -> None:
+    """`warm_start.read_fraction`: a policy that reads sometimes, so that RL can find where
+    reading pays; the pairs that do not read are the `episode` style's turns unchanged."""
+    tasks = suite.tasks("easy") + suite.tasks("lookup_warm")
+
+    def reads(fraction: float) -> list[int]:
+        counts = []
+        for task in tasks:
+            messages = gold_scripts(suite, task, "lookup", read_fraction=fraction)
+            counts.append(
+                sum(isinstance(m, str) and "show_api_descriptions(" in m for m in messages)
+            )
+        return counts
+
+    everyone, half, none = reads(1.0), reads(0.5), reads(0.0)
+    assert all(n >= 1 for n in everyone) and not any(none)
+    assert all(h <= e for h, e in zip(half, everyone, strict=True))
+    assert 0.35 < sum(half) / sum(everyone) < 0.65  # a stable hash: about half the pairs
+
+    def texts(
+        task: Any, *style: Any, **fraction: float
+    ) -> list[str]:  # the last thought: a function
+        return [
+            m if isinstance(m, str) else "" for m in gold_scripts(suite, task, *style, **fraction)
+        ]
+
+    for task in tasks:
+        assert texts(task, "lookup", read_fraction=0.0) == texts(task)
+        assert texts(task, "lookup", read_fraction=1.0) == texts(task, "lookup")
