@@ -20,6 +20,7 @@ this host may mount one: sandbox/scratch.py):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
@@ -30,10 +31,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
@@ -45,6 +47,7 @@ from sandbox.channel import ByteBudget, KernelChannels, host_context, message_li
 from sandbox.isolation import Capabilities, LaunchPlan, kernel_command, kernel_env, write_etc
 from sandbox.limits import Limits
 
+T = TypeVar("T")
 KERNEL_NAME = "loop-sandbox"
 CHANNELS = ("shell", "iopub", "control")  # the host never connects stdin or heartbeat
 UID_BASE = 100_000  # kernels' uids: UID_BASE + (host pid % 1024) * 1024 + n % 1024
@@ -111,7 +114,7 @@ class KernelProcess:
                     stdin=subprocess.DEVNULL,
                     pass_fds=(host_lifeline(),),
                 )
-                _launcher().submit(launch).result()
+                _launcher().submit(closing_its_loop, launch).result()
             # jupyter_client keeps a control socket for shutdown requests, which we never send
             # (kill is a signal; interrupts go through KernelChannels): open, it would queue
             # whatever the kernel sent it.
@@ -153,7 +156,7 @@ class KernelProcess:
         self.channels.close()
         _kill_tree(self.popen, self.cgroup)
         with contextlib.suppress(Exception):
-            self.manager.cleanup_resources()
+            closing_its_loop(self.manager.cleanup_resources)
 
     def exit_reason(self) -> str:
         """Why the kernel process ended, as one phrase."""
@@ -175,6 +178,24 @@ class KernelProcess:
             if text:
                 return "kernel log: " + " | ".join(text)
         return "kernel log is empty"
+
+
+def closing_its_loop(call: Callable[[], T]) -> T:
+    """`call()`, a jupyter_client method that runs its coroutine on an event loop it makes for
+    the calling thread and never closes, then that loop closed. Left open, the loops were
+    finalized at interpreter exit, which now and then printed "Exception ignored in
+    BaseEventLoop.__del__ ... Invalid file descriptor: -1" into a one-line error's stderr. A
+    thread whose own loop runs is left as it is (jupyter then runs the coroutine elsewhere)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # none runs here: jupyter sets one for this thread
+        try:
+            return call()
+        finally:
+            with contextlib.suppress(RuntimeError):  # none was set
+                asyncio.get_event_loop_policy().get_event_loop().close()
+            asyncio.set_event_loop(None)
+    return call()
 
 
 def _launcher() -> ThreadPoolExecutor:
