@@ -1,7 +1,7 @@
 """Evaluate an agent on a split of tasks.
 
     python evaluate.py --config configs/quickstart.yaml --split dev [--checkpoint DIR]
-                       [--limit N] [--rollouts-per-task K] [key=value ...]
+                       [--limit N] [--rollouts-per-task K] [--resume] [key=value ...]
 
 Thin by design: parse, load the config, build (`loop.build.build_evaluation`), hand over to
 `loop.evaluation.evaluate`. Results go to
@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, help="a LoRA adapter directory to load")
     parser.add_argument("--limit", type=int, help="only the first N tasks of the split")
     parser.add_argument("--rollouts-per-task", type=int, help="K rollouts per task (pass@k)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rollouts an interrupted evaluation of the same config finished (of the "
+        "same --checkpoint: that is yours to keep) and roll out only the rest",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
     if args.help_config:
@@ -62,12 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         parts = build_evaluation(config, args.checkpoint)
         evaluate(
             config, suite=parts.suite, generator=parts.generator, tokenizer=parts.tokenizer,
-            pool=parts.pool,
+            pool=parts.pool, resume=args.resume,
         )  # fmt: skip
     except ConfigError as exc:
         parser.error(str(exc))
     except KeyboardInterrupt:
-        print("evaluate.py: interrupted; finished rollouts are in rollouts.jsonl", file=sys.stderr)
+        print(
+            "evaluate.py: interrupted; finished rollouts are in rollouts.jsonl "
+            "(the same command with --resume rolls out only the rest)",
+            file=sys.stderr,
+        )
         return 130
     return 0
 

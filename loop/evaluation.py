@@ -4,7 +4,7 @@
 
 Writes `<run_dir>/eval/<split>/`: `config.yaml` (resolved), `rollouts.jsonl` (one trajectory per
 line, appended as each finishes, so an interrupted evaluation keeps what it completed; the
-trainer's rerun rolls out only the rest) and `metrics.json`. With
+trainer's rerun, or evaluate.py's with `--resume`, rolls out only the rest) and `metrics.json`. With
 `eval.sampled_rollouts_per_task` K > 0 the same pass also samples K
 rollouts per task at `eval.sampled_temperature` into `<run_dir>/eval/<split>@T<t>/` (metrics
 `eval/sampled/*`): a greedy score can rise while the policy's sampled success does not. The
@@ -216,10 +216,11 @@ def evaluate(
     generator: Generator,
     tokenizer: Tokenizer,
     pool: contextlib.AbstractContextManager[SandboxPool],
+    resume: bool = False,
 ) -> dict[str, float]:
     """Evaluate `eval.split` (and its sampled pass, when configured) with the built parts (the
     pool is entered and closed here, the generator closed), print a summary table; returns the
-    metrics."""
+    metrics. `resume`: keep what an interrupted evaluation of the same policy finished."""
     started = time.monotonic()
     run = RunDir(config.run_dir)
 
@@ -228,7 +229,7 @@ def evaluate(
             with pool as entered:
                 return await run_evaluations(
                     config, suite=suite, pool=entered, generator=generator,
-                    tokenizer=tokenizer, out_dir=run.eval_dir,
+                    tokenizer=tokenizer, out_dir=run.eval_dir, resume=resume,
                 )  # fmt: skip
         finally:
             await generator.close()

@@ -63,3 +63,22 @@ def test_checkpoint_means_its_adapter(tmp_path: Path) -> None:
     (tmp_path / "full" / "model").mkdir(parents=True)
     with pytest.raises(ConfigError, match="holds full weights"):
         adapter_dir(tmp_path / "full")
+
+
+@pytest.mark.slow
+def test_resume_keeps_an_interrupted_evaluations_rollouts(tmp_path: Path) -> None:
+    """The real evaluate.py twice, the first cut short by hand: --resume rolls out the rest
+    (the kept line is byte for byte the first run's: its `duration_s` differs in a new one)."""
+    common = ["--config", str(QUICKSTART), "--split", "dev", "--limit", "2", "name=e",
+              f"output_dir={tmp_path}", "agent.max_turns=1", "agent.max_new_tokens=8",
+              "eval.sampled_rollouts_per_task=0"]  # fmt: skip
+    assert evaluate(*common).returncode == 0
+    rollouts = tmp_path / "e" / "eval" / "dev" / "rollouts.jsonl"
+    first = rollouts.read_text().splitlines()
+    rollouts.write_text(first[0] + "\n" + first[1][:30])  # killed while writing the second
+    (rollouts.parent / "metrics.json").unlink()
+    done = evaluate(*common, "--resume")
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = rollouts.read_text().splitlines()
+    assert again[0] == first[0] and len(again) == len(first)
+    assert (rollouts.parent / "metrics.json").is_file()
