@@ -4,8 +4,8 @@
 
 Writes `<run_dir>/eval/<split>/`: `config.yaml` (resolved), `rollouts.jsonl` (one trajectory per
 line, appended as each finishes, so an interrupted evaluation keeps what it completed; the
-trainer's rerun, or evaluate.py's with `--resume`, rolls out only the rest) and `metrics.json`. With
-`eval.sampled_rollouts_per_task` K > 0 the same pass also samples K
+trainer's rerun, or evaluate.py's with `--resume`, rolls out only the rest) and
+`metrics.json`. With `eval.sampled_rollouts_per_task` K > 0 the same pass also samples K
 rollouts per task at `eval.sampled_temperature` into `<run_dir>/eval/<split>@T<t>/` (metrics
 `eval/sampled/*`): a greedy score can rise while the policy's sampled success does not. The
 trainer's periodic evaluation calls `run_evaluations` too: one code path. evaluate.py builds the
