@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="keep the rollouts an interrupted evaluation of the same config finished (of the "
-        "same --checkpoint: that is yours to keep) and roll out only the rest",
+        help="keep the rollouts an interrupted evaluation with the same model, agent and eval "
+        "settings finished (of the same --checkpoint: yours to keep) and roll out the rest",
     )
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)

@@ -39,7 +39,7 @@ from loop.run.rundir import (
     RunDir,
     eval_rollouts_lines,
     eval_rollouts_sink,
-    same_config,
+    same_settings,
     write_config,
     write_eval_metrics,
 )
@@ -47,6 +47,9 @@ from loop.seeds import eval_seed
 from tasks import Task, TaskSuite
 
 log = logging.getLogger(__name__)
+# What an evaluation's rollouts depend on besides the weights: a pass resumes only where these
+# config sections are as they were (a key added to another section since does not matter).
+ROLLOUT_SETTINGS = ("suite", "seed", "model", "agent", "eval")
 
 
 def eval_jobs(tasks: list[Task], rollouts_per_task: int, seed: int) -> list[RolloutJob]:
@@ -61,10 +64,11 @@ def eval_jobs(tasks: list[Task], rollouts_per_task: int, seed: int) -> list[Roll
 def finished_rollouts(
     out_dir: Path, config: dict[str, Any], jobs: list[RolloutJob]
 ) -> dict[tuple[str, int], tuple[str, Trajectory]]:
-    """The rollouts of `jobs` that an earlier pass with the same resolved `config` wrote to
-    `out_dir` before it was interrupted, by (task, sample): their JSON line and trajectory (a
-    line cut short by the kill is not kept); none when the config there differs."""
-    if not same_config(out_dir, config):
+    """The rollouts of `jobs` that an earlier pass with the same `ROLLOUT_SETTINGS` of the
+    resolved `config` wrote to `out_dir` before it was interrupted, by (task, sample): their
+    JSON line and trajectory (a line cut short by the kill is not kept); none when one of those
+    settings differs there."""
+    if not same_settings(out_dir, config, ROLLOUT_SETTINGS):
         return {}
     wanted = {(job.task.id, job.sample_index) for job in jobs}
     kept: dict[tuple[str, int], tuple[str, Trajectory]] = {}

@@ -257,10 +257,10 @@ def read_config(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def same_config(folder: Path, config: dict[str, Any]) -> bool:
-    """Whether `folder/config.yaml` is the one `write_config(folder, config)` writes."""
-    path = folder / CONFIG
-    return path.is_file() and path.read_text() == yaml.safe_dump(config, sort_keys=False)
+def same_settings(folder: Path, config: dict[str, Any], sections: Iterable[str]) -> bool:
+    """Whether `folder/config.yaml` holds `config`'s `sections` (as YAML reads them back)."""
+    written, ours = read_config(folder), yaml.safe_load(yaml.safe_dump(config))
+    return written is not None and all(written.get(key) == ours.get(key) for key in sections)
 
 
 def eval_rollouts_lines(folder: Path) -> list[str]:

@@ -1,7 +1,8 @@
 """An evaluation a kill interrupted keeps what it finished: the trainer's rerun rolls out only
 the rest (its policy is the checkpoint's the interrupted one had), and a run killed in its final
-evaluation finishes it when launched again; a changed config, or evaluate.py (which may load
-another checkpoint into the same folder), rolls everything out anew.
+evaluation finishes it when launched again; a change to what the rollouts depend on (model,
+agent, eval, suite, seed), or evaluate.py without `--resume` (it may load another checkpoint into
+the same folder), rolls everything out anew.
 
 Run: python -m pytest tests/loop/test_evaluation_resume.py -q   (fast; no model, no sandbox)
 """
@@ -78,16 +79,19 @@ def test_a_rerun_keeps_the_interrupted_passs_finished_rollouts_and_rolls_out_the
     assert json.loads((out / "metrics.json").read_text()) == whole
 
 
-def test_another_config_or_no_resume_rolls_everything_out_anew(tmp_path: Path) -> None:
+def test_other_rollout_settings_or_no_resume_roll_everything_out_anew(tmp_path: Path) -> None:
     config = load_config(None, SETTINGS)
     out = tmp_path / "dev"
     total, _ = evaluate(config, out, resume=True)
     kill_after(out, 3)
-    assert evaluate(config, out, resume=False)[0] == total  # evaluate.py's
+    assert evaluate(config, out, resume=False)[0] == total  # evaluate.py's without --resume
     kill_after(out, 3)
     other = load_config(None, [*SETTINGS, "agent.temperature=0.5"])
     assert evaluate(other, out, resume=True)[0] == total
     assert len((out / "rollouts.jsonl").read_text().splitlines()) == total
+    kill_after(out, 3)  # a section the rollouts do not depend on (or a key added to it since)
+    learning = load_config(None, [*SETTINGS, "agent.temperature=0.5", "train.lr=0.5"])
+    assert evaluate(learning, out, resume=True)[0] == total - 3
 
 
 def test_a_run_killed_in_its_final_evaluation_finishes_it_when_launched_again(
