@@ -119,13 +119,18 @@ def careful_turns(
     out = list(turns)
     for index, app, api in reversed(firsts if lookup else firsts[:1]):
         key = f"{task_id}/{app}" if lookup else task_id  # which (task, app) guesses wrong first
-        if zlib.crc32(f"read {key}".encode()) % READ_FRACTION_STEPS >= round(
-            read_fraction * READ_FRACTION_STEPS
-        ):
+        if not _reads(key, read_fraction):
             continue
         guess_first = zlib.crc32(key.encode()) % 2 == 1
         out[index:index] = _reading_turns(app, api, guess_first, lookup, task)
     return out
+
+
+def _reads(key: str, fraction: float) -> bool:
+    """Whether the task (or (task, app) pair) `key` is one of the `fraction` that read, by a
+    stable hash of it (another than the wrong guess's, so the two are independent)."""
+    share = zlib.crc32(f"read {key}".encode()) % READ_FRACTION_STEPS
+    return share < round(fraction * READ_FRACTION_STEPS)
 
 
 def first_uses(cells: Sequence[str]) -> list[tuple[int, str, str]]:
