@@ -177,11 +177,12 @@ async def run_evaluation(
     jobs = eval_jobs(tasks, config.eval.rollouts_per_task, config.seed)
     settings = eval_agent_settings(config)
     written = dataclasses.replace(config, eval=dataclasses.replace(config.eval, split=split))
-    kept = finished_rollouts(out_dir, written.to_dict(), jobs) if resume else {}
+    resolved = written.to_dict()
+    kept = finished_rollouts(out_dir, resolved, jobs) if resume else {}
     if kept:
         log.info("%s: %d of %d rollouts kept from an interrupted evaluation",
                  out_dir, len(kept), len(jobs))  # fmt: skip
-    write_config(out_dir, written.to_dict())
+    write_config(out_dir, resolved)
     progress = tqdm(
         total=len(jobs),
         initial=len(kept),
