@@ -26,6 +26,8 @@ Sections, in order (the cheapest and most likely to break first):
   over T/2 keys on average, 2 * 2 * T/2 * d), times 3 for a full fine-tuning step and 2 for
   a LoRA step (no weight gradients of the frozen base); activation recomputation is not
   counted, as MFU conventionally does not.
+- `checkpointing`: LoRA's step on Qwen2.5-7B at 8K with and without gradient checkpointing:
+  step time, MFU, peak; the checkpointed step's GPU time by kernel (the top 25).
 - `prefix`: the learner with a step's common start run once (loop/learner/prefix.py) against
   every sequence run whole, on Qwen2.5-7B with LoRA r16 and no gradient checkpointing (the
   shared prefix needs the cache a checkpointed layer drops): 6 rollouts of PREFIX_TOKENS shared
@@ -42,6 +44,8 @@ Sections, in order (the cheapest and most likely to break first):
   process capped at an H100's 80 GB (`torch.cuda.set_per_process_memory_fraction`), to see how
   a failure spreads across rows. Then (`engine_syncs`) the host-device synchronisations of one
   decode step and of sampling at 32 rows (`torch.cuda.set_sync_debug_mode`).
+- `engine_long`: the same engine, 32 rows of 8K, 12K and 24K-token prompts with every key in
+  its row slot: peak memory against the preflight's engine rule, prefill tokens/s.
 - `parity`: bf16 log-probs of the `hf` generator's samples against the learner's recompute
   (Qwen2.5-0.5B, LM head scaled so the next-token distribution is peaked as a trained
   model's: its mean entropy is reported).
@@ -61,6 +65,7 @@ Sections, in order (the cheapest and most likely to break first):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -85,13 +90,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16, SXM (NVIDIA data sheets)
 SECTIONS = (
-    "env", "sdpa", "learner", "lora", "prefix", "logprobs", "engine", "engine_long", "parity",
-    "learner32b", "fourbit", "server", "skipped",
+    "env", "sdpa", "learner", "lora", "checkpointing", "peak", "prefix", "logprobs", "engine",
+    "engine_long", "parity", "learner32b", "fourbit", "server", "skipped",
 )  # fmt: skip
 TIME_LIMITS = {  # seconds per section on the GPU (the whole run must fit one device call)
-    "env": 60, "sdpa": 60, "learner": 150, "lora": 150, "prefix": 120, "logprobs": 60,
-    "engine": 180, "engine_long": 150, "parity": 60, "learner32b": 150, "fourbit": 120,
-    "server": 300, "skipped": 30,
+    "env": 60, "sdpa": 60, "learner": 150, "lora": 150, "checkpointing": 150, "peak": 150,
+    "prefix": 120, "logprobs": 60, "engine": 180, "engine_long": 240, "parity": 60,
+    "learner32b": 150, "fourbit": 120, "server": 300, "skipped": 30,
 }  # fmt: skip
 REPEATS = 5  # timed repeats of a decode step, of its sampling and of rows joining
 JOIN_TOKENS = 40  # new ids of a row joining for its next turn (glue and an observation)
@@ -107,9 +112,12 @@ ENGINE_RUNS = {  # the engine section's runs: (kv_cache_mb, memory cap in bytes)
 class Out:
     """Appends result rows to DIR/results.jsonl as they come (nothing lost to a later crash)."""
 
-    def __init__(self, directory: Path, section: str, tiny: bool, engine_runs: Any = ()):
+    def __init__(
+        self, directory: Path, section: str, tiny: bool, engine_runs: Any = (), long: Any = ()
+    ):
         self.path, self.section, self.tiny = directory / "results.jsonl", section, tiny
         self.engine_runs = list(engine_runs) or list(ENGINE_RUNS)
+        self.engine_long = tuple(long) or ENGINE_LONG
 
     def row(self, **fields: Any) -> None:
         fields = {"section": self.section, **fields}
@@ -582,6 +590,164 @@ def section_lora(out: Out) -> None:
                     ms=round(event.self_device_time_total / 1e3, 1))  # fmt: skip
 
 
+def section_checkpointing(out: Out) -> None:
+    """LoRA's step on Qwen2.5-7B at 8K tokens (one product per layer) with and without
+    gradient checkpointing (`model.gradient_checkpointing`): step time, MFU and the peak each
+    way (the preflight's traces of both run on a CPU: benchmarks/bench_preflight.py), and what
+    the way before left allocated (its peak counts it; the `peak` section measures the way
+    without checkpointing in a fresh process); then where the checkpointed step's GPU time
+    goes, kernel by kernel."""
+    import torch
+
+    from loop.learner.learner import Learner
+    from loop.learner.settings import LearnerSettings
+    from loop.model.policy import LoraSettings, policy_from_model
+
+    tokens = 256 if out.tiny else 8192
+    peak = card_peak()
+    settings = LearnerSettings(
+        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
+        logprob_chunk_size=1024, max_grad_norm=1.0,
+    )  # fmt: skip
+    for checkpointing in (True, False):
+        held = allocated_gib(out.tiny)  # what the way before left: its peak would count it
+        model = build_model("qwen2.5-7b", out.tiny)
+        policy = policy_from_model(
+            model, tokenizer(64), device(out.tiny), lora=LoraSettings(rank=16, alpha=32),
+            gradient_checkpointing=checkpointing,
+        )  # fmt: skip
+        learner = Learner(policy, settings)
+        vocab = model.config.vocab_size
+        learner.learn([learner_sample(512, vocab)], seed=0)  # warm-up: kernels, AdamW's states
+        sample = learner_sample(tokens, vocab)
+        times = []
+        reset_peak(out.tiny)
+        for _ in range(2):
+            begin = time.perf_counter()
+            learner.learn([sample], seed=0)
+            sync(out.tiny)
+            times.append(time.perf_counter() - begin)
+        step = min(times)
+        flops = forward_flops(policy.model, tokens, tokens - tokens // 10)
+        out.row(
+            kind="step", gradient_checkpointing=checkpointing, tokens=tokens,
+            step_s=round(step, 3), step_tok_s=round(tokens / step),
+            step_mfu=round(2 * flops / step / peak, 3) if peak else None,
+            step_peak_gib=peak_gib(out.tiny), held_before_gib=held,
+        )  # fmt: skip
+        if checkpointing:
+            norm_ways(out, learner, tokens, flops, peak)
+        if checkpointing and not out.tiny:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                learner.learn([sample], seed=0)
+                sync(out.tiny)
+            events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+            total = sum(e.self_device_time_total for e in events)
+            out.row(kind="profile", tokens=tokens, gpu_ms=round(total / 1e3, 1))
+            for event in sorted(events, key=lambda e: -e.self_device_time_total)[:25]:
+                ms = round(event.self_device_time_total / 1e3, 1)
+                out.row(kind="kernel", group=kernel_kind(event.key), kernel=event.key[:110],
+                        calls=event.count, ms=ms)  # fmt: skip
+        del learner, policy, model
+        gc.collect()  # the peft model and the learner hold each other: `del` alone frees neither
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def norm_ways(out: Out, learner: Any, tokens: int, flops: float, peak: float | None) -> None:
+    """The checkpointed step with transformers' RMSNorm and with the one-kernel norm the GPU
+    policy takes (loop/model/norms.py): from the same weights and sample each way's old
+    log-probs, loss and gradient norm (learning unchanged), then the step time, the ways
+    alternating, the better of two each."""
+    import torch
+
+    from loop.learner.learner import Learner
+    from loop.model.norms import fuse_rms_norms, unfuse_rms_norms
+
+    model, vocab = learner.model, learner.model.config.vocab_size
+    ways = {"transformers": unfuse_rms_norms, "one kernel": fuse_rms_norms}
+    start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    sample, olds = synthetic_sample(tokens, vocab, 7), {}
+    for name, way in ways.items():
+        way(model)
+        with torch.no_grad():
+            for key, parameter in model.named_parameters():
+                if key in start:
+                    parameter.copy_(start[key])
+        fresh = Learner(learner.policy, learner.settings)
+        fresh.recompute_old_logprobs([sample])
+        olds[name] = sample.old_logprobs.clone()
+        stats = fresh.learn([sample], seed=0)
+        out.row(kind="learning", norms=name, tokens=tokens, loss=stats.losses[0],
+                grad_norm=stats.grad_norms[0])  # fmt: skip
+        del fresh
+    gap = (olds["transformers"] - olds["one kernel"])[sample.is_output].abs()
+    out.row(kind="learning", old_logprob_gap_max=round(gap.max().item(), 4),
+            old_logprob_gap_mean=round(gap.mean().item(), 5))  # fmt: skip
+    timed = learner_sample(tokens, vocab)
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for name in list(ways) * 2:
+        ways[name](model)
+        begin = time.perf_counter()
+        learner.learn([timed], seed=0)
+        sync(out.tiny)
+        times[name].append(time.perf_counter() - begin)
+    for name, spent in times.items():
+        step = min(spent)
+        mfu = round(2 * flops / step / peak, 3) if peak else None
+        out.row(kind="step", gradient_checkpointing=True, norms=name, tokens=tokens,
+                step_s=round(step, 3), step_mfu=mfu)  # fmt: skip
+    fuse_rms_norms(model)
+
+
+def section_peak(out: Out) -> None:
+    """What is live at the peak of LoRA's step on Qwen2.5-7B at 8K without gradient
+    checkpointing (the preflight's trace says 62.2 GiB, the step measured 74.5): torch
+    profiler's memory timeline of one step, its bytes by kind (activations, gradients,
+    temporaries, autograd's own) at the peak."""
+    import torch
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
+
+    from loop.learner.learner import Learner
+    from loop.learner.settings import LearnerSettings
+    from loop.model.policy import LoraSettings, policy_from_model
+
+    if out.tiny:
+        out.row(skipped="the profiler's CUDA memory timeline needs a GPU")
+        return
+    model = build_model("qwen2.5-7b", out.tiny)
+    policy = policy_from_model(
+        model, tokenizer(64), device(out.tiny), lora=LoraSettings(rank=16, alpha=32),
+        gradient_checkpointing=False,
+    )  # fmt: skip
+    settings = LearnerSettings(
+        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
+        logprob_chunk_size=1024, max_grad_norm=1.0,
+    )  # fmt: skip
+    learner = Learner(policy, settings)
+    vocab = model.config.vocab_size
+    learner.learn([learner_sample(512, vocab)], seed=0)
+    sample = learner_sample(8192, vocab)
+    torch.cuda.synchronize()
+    resident = torch.cuda.memory_allocated()
+    reset_peak(out.tiny)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+        profile_memory=True, record_shapes=True, with_stack=True,
+    ) as prof:  # fmt: skip
+        learner.learn([sample], seed=0)
+        torch.cuda.synchronize()
+    timeline = MemoryProfileTimeline(prof._memory_profile())
+    _, sizes = timeline._coalesce_timeline(torch.device("cuda", 0))
+    names = ["none"] + [c.name if c else "unknown" for c in _CATEGORY_TO_INDEX]  # its order
+    totals = [sum(row) for row in sizes]
+    top = max(range(len(totals)), key=totals.__getitem__)
+    out.row(kind="peak", resident_gib=round(resident / 2**30, 2), measured_peak_gib=peak_gib(False),
+            profiled_peak_gib=round(totals[top] / 2**30, 2),
+            **{f"{name.lower()}_gib": round(size / 2**30, 2)
+               for name, size in zip(names, sizes[top], strict=False) if size})  # fmt: skip
+
+
 def kernel_kind(name: str) -> str:
     """A CUDA kernel's kind, from its name: matrix products, attention, the rest."""
     low = name.lower()
@@ -697,30 +863,30 @@ def section_engine(out: Out) -> None:
     decode_syncs(Out(out.path.parent, "engine_syncs", out.tiny), policy, vocab, rows)
 
 
-ENGINE_LONG = (12288, 24576)  # prompt tokens per row, 32 rows (the paper's context is 32K)
+ENGINE_LONG = (8192, 12288, 24576)  # prompt tokens per row, 32 rows (the paper's context is 32K)
 
 
 def section_engine_long(out: Out) -> None:
-    """The hf engine on Qwen2.5-7B with LoRA: 32 rows, each its own prompt of 12K or 24K
-    tokens, every key in its row slot (`kv_cache_mb=0`), 16 new tokens: the peak against
-    the preflight's rule for the engine (loop/preflight/plan.py `plan_hf_engine`: the rows'
-    KV at the longest row's length beside the resident weights, no margin)."""
+    """The hf engine on Qwen2.5-7B with LoRA: 32 rows, each its own prompt of 8K, 12K or 24K
+    tokens, every key in its row slot (`kv_cache_mb=0`), 16 new tokens: the peak against the
+    preflight's rule for the engine (loop/preflight/plan.py `hf_engine_memory`: the slots at
+    the capacity the rows reach, the KV store, the largest transient; beside the weights, no
+    margin), and the prefill's tokens per second."""
 
     import torch
 
     from loop.generators.base import Generation, SamplingParams
     from loop.generators.hf.generator import HFGenerator
     from loop.model.policy import LoraSettings, policy_from_model
-    from loop.preflight.shapes import kv_bytes_per_token
+    from loop.preflight.plan import hf_engine_memory
 
-    rows, lengths, new = (4, (200, 400), 8) if out.tiny else (32, ENGINE_LONG, 16)
+    rows, lengths, new = (4, (200, 400), 8) if out.tiny else (32, out.engine_long, 16)
     shape = "tiny" if out.tiny else "qwen2.5-7b"
     model = build_model("qwen2.5-7b", out.tiny)
     model.eval()
     policy = policy_from_model(model, tokenizer(64), device(out.tiny), lora=LoraSettings(16, 32))
     vocab = model.config.vocab_size
     weights = allocated_gib(out.tiny)
-    per_token = kv_bytes_per_token(SHAPES[shape], 2)
     for length in lengths:
         generator = HFGenerator(policy, max_batch_size=rows, kv_cache_mb=0)
         prompts = [
@@ -732,16 +898,21 @@ def section_engine_long(out: Out) -> None:
         start = time.perf_counter()
         results = serve_all(generator, prompts, params)
         sync(out.tiny)
+        seconds = time.perf_counter() - start
         done = [r for r in results if isinstance(r, Generation)]
-        kv = rows * (length + new) * per_token / 2**30
+        rule = hf_engine_memory(
+            SHAPES[shape], 2, rows=rows, max_context_tokens=length + new, kv_cache_bytes=0
+        )
         peak = peak_gib(out.tiny)
-        plan = None if weights is None else round(weights + kv, 2)
+        plan = None if weights is None else round(weights + rule.peak / 2**30, 2)
         out.row(
-            rows=rows, prompt_tokens=length, seconds=round(time.perf_counter() - start, 1),
-            rows_ok=len(done), errors=sorted({f"{type(r).__name__}: {str(r)[:160]}"
-                                             for r in results if r not in done}),
-            weights_gib=weights, kv_gib=round(kv, 2), preflight_gib=plan, peak_gib=peak,
-            ratio=None if plan is None or peak is None else round(plan / peak, 2),
+            rows=rows, prompt_tokens=length, seconds=round(seconds, 1),
+            prefill_tok_s=round(rows * length / seconds), rows_ok=len(done),
+            errors=sorted({f"{type(r).__name__}: {str(r)[:160]}" for r in results
+                           if r not in done}),
+            weights_gib=weights, rule_slots_gib=round(rule.slots / 2**30, 2),
+            rule_transient_gib=round(rule.transient / 2**30, 2), preflight_gib=plan,
+            peak_gib=peak, ratio=None if plan is None or peak is None else round(plan / peak, 2),
         )  # fmt: skip
         del generator, results, done
 
@@ -1056,8 +1227,8 @@ def section_skipped(out: Out) -> None:
 
 
 # -- driver ---------------------------------------------------------------------------------
-def run_section(name: str, directory: Path, tiny: bool, engine_runs: list[str]) -> None:
-    out = Out(directory, name, tiny, engine_runs)
+def run_section(name: str, directory: Path, tiny: bool, engine_runs: list[str], long: Any) -> None:
+    out = Out(directory, name, tiny, engine_runs, long)
     start = time.perf_counter()
     try:
         globals()[f"section_{name}"](out)
@@ -1098,16 +1269,21 @@ def main() -> None:
         "with under 30 s left; each gets at most what is left)",
     )
     parser.add_argument("--engine-runs", nargs="+", choices=ENGINE_RUNS, default=list(ENGINE_RUNS))
+    parser.add_argument(
+        "--engine-long-tokens", nargs="+", type=int, default=list(ENGINE_LONG),
+        help="engine_long's prompt tokens per row",
+    )  # fmt: skip
     parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # a child's
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.section:
-        run_section(args.section, args.out, args.tiny, args.engine_runs)
+        run_section(args.section, args.out, args.tiny, args.engine_runs, args.engine_long_tokens)
         return
     deadline = time.monotonic() + (args.budget or math.inf)
     for name in args.sections:
         command = [sys.executable, __file__, "--out", str(args.out), "--section", name]
         command += ["--engine-runs", *args.engine_runs]
+        command += ["--engine-long-tokens", *map(str, args.engine_long_tokens)]
         left = deadline - time.monotonic()
         if left < 30:
             Out(args.out, name, args.tiny).row(error="not run: the budget was spent")

@@ -26,6 +26,7 @@ import torch
 from loop.config_types import one_line
 from loop.model.aliases import is_peft_model, resolve_model
 from loop.model.lora import fuse_lora_products
+from loop.model.norms import fuse_rms_norms
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda", "auto")
@@ -125,6 +126,8 @@ def policy_from_model(
         hf_model.config.use_cache = False
         if lora is not None:
             hf_model.enable_input_require_grads()
+    if device.type == "cuda":  # one kernel per norm where the step is bound by memory traffic
+        fuse_rms_norms(hf_model)
     if lora is not None:
         hf_model = _wrap_lora(hf_model, lora)
     return Policy(model=hf_model, tokenizer=tokenizer, device=device)
