@@ -147,9 +147,14 @@ def test_a_killed_engine_marks_only_its_rollout_and_is_replaced(
     monkeypatch.setattr(aw_suite, "make_env", recording_make_env)
 
     def kill_victim_engine(instruction: str, turn: int) -> None:
+        """SIGKILL the engine's process group and wait for it: the engine itself runs in a
+        session of its own under bwrap (--new-session) and dies with bwrap (--die-with-parent),
+        a moment later; on a loaded machine it could still answer the next request in that
+        moment, and the rollout came back ok. Reaped, the engine is dead to its next request."""
         if instruction == victim.instruction and turn == 1:
             engine = next(e.engine for e in envs if e.task.id == victim.id)
             os.killpg(engine.pid, signal.SIGKILL)
+            engine.popen.wait(timeout=30)
 
     scripts = {t.instruction: solutions[t.id]["gold"] for t in (victim, survivor)}
     generator = ScriptedGenerator(tokenizer, scripts, on_turn=kill_victim_engine)
