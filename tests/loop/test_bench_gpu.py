@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # as its subprocess: under load it outgrew 300 s (a vLLM server starts)
 def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
-    sections = ["env", "sdpa", "learner", "lora", "prefix", "logprobs", "engine", "engine_long"]
+    sections = ["env", "sdpa", "learner", "lora", "checkpointing", "peak", "prefix", "logprobs"]
+    sections += ["engine", "engine_long"]
     sections += ["parity", "server"]
     sections.append("skipped")
     command = [sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--out", str(tmp_path)]
@@ -51,6 +52,19 @@ def test_every_cpu_runnable_section_gives_its_rows(tmp_path: Path) -> None:
     assert learning[0]["grad_norm"] == pytest.approx(learning[1]["grad_norm"], rel=1e-2)
     steps = [r for r in lora if r["kind"] == "step"]
     assert len(steps) == 4 and all(r["step_s"] > 0 for r in steps)
+    checkpointing = by_section["checkpointing"]  # with and without, and the two norms' ways
+    learning = [r for r in checkpointing if r["kind"] == "learning" and "norms" in r]
+    assert [r["norms"] for r in learning] == ["transformers", "one kernel"]
+    assert learning[0]["loss"] == pytest.approx(learning[1]["loss"], abs=1e-3)
+    assert learning[0]["grad_norm"] == pytest.approx(learning[1]["grad_norm"], rel=1e-2)
+    steps = [r for r in checkpointing if r["kind"] == "step"]
+    assert [(r["gradient_checkpointing"], r.get("norms")) for r in steps] == [
+        (True, None), (True, "transformers"), (True, "one kernel"), (False, None)
+    ]  # fmt: skip
+    assert all(r["step_s"] > 0 for r in steps)
+    assert by_section["peak"] == [
+        {"section": "peak", "skipped": "the profiler's CUDA memory timeline needs a GPU"}
+    ]
     assert all(r["abs_logprob_diff_max"] < 0.1 for r in by_section["parity"])
     server = by_section["server"]
     if importlib.util.find_spec("vllm") is None:
