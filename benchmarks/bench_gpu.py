@@ -240,6 +240,17 @@ def synthetic_sample(tokens: int, vocab: int, seed: int) -> Any:
     )  # fmt: skip
 
 
+def one_rollout_steps() -> Any:
+    """The learner's settings of these sections: one rollout a step, log-prob chunks of 1,024
+    (the 32B config's), the gradient clipped at 1."""
+    from loop.learner.settings import LearnerSettings
+
+    return LearnerSettings(
+        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
+        logprob_chunk_size=1024, max_grad_norm=1.0,
+    )  # fmt: skip
+
+
 # -- sections -------------------------------------------------------------------------------
 def section_env(out: Out) -> None:
     import torch
@@ -325,7 +336,6 @@ def run_learner(out: Out, shape: str, mode: str, lengths: list[int], layers: int
     import torch
 
     from loop.learner.learner import Learner
-    from loop.learner.settings import LearnerSettings
     from loop.model.policy import LoraSettings, policy_from_model
 
     model = build_model(shape, out.tiny, layers=layers)
@@ -334,10 +344,7 @@ def run_learner(out: Out, shape: str, mode: str, lengths: list[int], layers: int
     policy = policy_from_model(
         model, tokenizer(64), device(out.tiny), lora=lora, gradient_checkpointing=True
     )
-    settings = LearnerSettings(
-        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
-        logprob_chunk_size=1024, max_grad_norm=1.0,
-    )  # fmt: skip
+    settings = one_rollout_steps()
     learner = Learner(policy, settings)
     weights = allocated_gib(out.tiny)
     peak = card_peak()
@@ -495,7 +502,6 @@ def section_lora(out: Out) -> None:
     import torch
 
     from loop.learner.learner import Learner
-    from loop.learner.settings import LearnerSettings
     from loop.model.lora import fuse_lora_products, unfuse_lora_products
     from loop.model.policy import LoraSettings, policy_from_model
 
@@ -505,10 +511,7 @@ def section_lora(out: Out) -> None:
         model, tokenizer(64), device(out.tiny), lora=LoraSettings(rank=16, alpha=32),
         gradient_checkpointing=True,
     )  # fmt: skip
-    settings = LearnerSettings(
-        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
-        logprob_chunk_size=1024, max_grad_norm=1.0,
-    )  # fmt: skip
+    settings = one_rollout_steps()
     start = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     with torch.no_grad():  # B non-zero (peft starts it at 0), as after some training
         for name, parameter in policy.model.named_parameters():
@@ -600,15 +603,11 @@ def section_checkpointing(out: Out) -> None:
     import torch
 
     from loop.learner.learner import Learner
-    from loop.learner.settings import LearnerSettings
     from loop.model.policy import LoraSettings, policy_from_model
 
     tokens = 256 if out.tiny else 8192
     peak = card_peak()
-    settings = LearnerSettings(
-        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
-        logprob_chunk_size=1024, max_grad_norm=1.0,
-    )  # fmt: skip
+    settings = one_rollout_steps()
     for checkpointing in (True, False):
         held = allocated_gib(out.tiny)  # what the way before left: its peak would count it
         model = build_model("qwen2.5-7b", out.tiny)
@@ -709,7 +708,6 @@ def section_peak(out: Out) -> None:
     from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
 
     from loop.learner.learner import Learner
-    from loop.learner.settings import LearnerSettings
     from loop.model.policy import LoraSettings, policy_from_model
 
     if out.tiny:
@@ -720,10 +718,7 @@ def section_peak(out: Out) -> None:
         model, tokenizer(64), device(out.tiny), lora=LoraSettings(rank=16, alpha=32),
         gradient_checkpointing=False,
     )  # fmt: skip
-    settings = LearnerSettings(
-        lr=1e-6, weight_decay=0.0, epochs=1, minibatch_size=1, micro_batch_size=1,
-        logprob_chunk_size=1024, max_grad_norm=1.0,
-    )  # fmt: skip
+    settings = one_rollout_steps()
     learner = Learner(policy, settings)
     vocab = model.config.vocab_size
     learner.learn([learner_sample(512, vocab)], seed=0)
