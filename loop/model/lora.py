@@ -25,11 +25,12 @@ this is the learner's path and the engine's prefill.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from loop.model.forwards import give_forward, restore_forwards
 
 
 def fuse_lora_products(model: Any) -> int:
@@ -43,17 +44,14 @@ def fuse_lora_products(model: Any) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, Linear) and not _is_subclass_layer(module, Linear):
-            module.forward = types.MethodType(_one_product_forward, module)  # type: ignore[method-assign]
+            give_forward(module, _one_product_forward)
             count += 1
     return count
 
 
 def unfuse_lora_products(model: Any) -> None:
     """Back to peft's own forward on every layer (benchmarks compare the two)."""
-    for module in model.modules():
-        forward = module.__dict__.get("forward")
-        if isinstance(forward, types.MethodType) and forward.__func__ is _one_product_forward:
-            del module.forward
+    restore_forwards(model, _one_product_forward)
 
 
 def _is_subclass_layer(module: Any, linear: Any) -> bool:

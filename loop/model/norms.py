@@ -19,11 +19,12 @@ ran 1.08x but rounds unlike the sampler (benchmarks/README.md, "On a GPU", 2026-
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from loop.model.forwards import give_forward, restore_forwards
 
 NORM_CLASSES = ("Qwen2RMSNorm", "LlamaRMSNorm")  # transformers' norms of the models we load
 
@@ -35,17 +36,14 @@ def fuse_rms_norms(model: Any) -> int:
     count = 0
     for module in model.modules():
         if type(module).__name__ in NORM_CLASSES:
-            module.forward = types.MethodType(_one_kernel_forward, module)
+            give_forward(module, _one_kernel_forward)
             count += 1
     return count
 
 
 def unfuse_rms_norms(model: Any) -> None:
     """Back to transformers' forward on every norm (benchmarks compare the two)."""
-    for module in model.modules():
-        forward = module.__dict__.get("forward")
-        if isinstance(forward, types.MethodType) and forward.__func__ is _one_kernel_forward:
-            del module.forward
+    restore_forwards(model, _one_kernel_forward)
 
 
 def _one_kernel_forward(self: Any, hidden: Tensor) -> Tensor:
