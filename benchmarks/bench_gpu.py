@@ -701,9 +701,9 @@ def norm_ways(out: Out, learner: Any, tokens: int, flops: float, peak: float | N
 
 def section_peak(out: Out) -> None:
     """What is live at the peak of LoRA's step on Qwen2.5-7B at 8K without gradient
-    checkpointing (the preflight's trace says 62.2 GiB, the step measured 74.5): torch
-    profiler's memory timeline of one step, its bytes by kind (activations, gradients,
-    temporaries, autograd's own) at the peak."""
+    checkpointing, in a fresh process: torch profiler's memory timeline of one step, its bytes
+    by kind (weights, activations, temporaries, autograd's own) at the peak, beside
+    `max_memory_allocated` (the preflight's trace: 62.2 GiB with transformers' RMSNorm)."""
     import torch
     from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
 
