@@ -27,7 +27,11 @@ Sections, in order (the cheapest and most likely to break first):
   a LoRA step (no weight gradients of the frozen base); activation recomputation is not
   counted, as MFU conventionally does not.
 - `checkpointing`: LoRA's step on Qwen2.5-7B at 8K with and without gradient checkpointing:
-  step time, MFU, peak; the checkpointed step's GPU time by kernel (the top 25).
+  step time, MFU, peak; transformers' RMSNorm against the one-kernel norm (loop/model/norms.py:
+  learning from the same weights, then the step time); the checkpointed step's GPU time by
+  kernel (the top 25).
+- `peak`: the same step without checkpointing in a fresh process, what is live at its peak by
+  kind (torch profiler's memory timeline).
 - `prefix`: the learner with a step's common start run once (loop/learner/prefix.py) against
   every sequence run whole, on Qwen2.5-7B with LoRA r16 and no gradient checkpointing (the
   shared prefix needs the cache a checkpointed layer drops): 6 rollouts of PREFIX_TOKENS shared
