@@ -8,9 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def give_forward(module: Any, function: Callable[..., Any]) -> None:
-    """`module`'s forward is now `function` bound to it (its class's stays as it was)."""
-    module.forward = types.MethodType(function, module)
+def give_forwards(model: Any, function: Callable[..., Any], where: Callable[[Any], bool]) -> int:
+    """Every module of `model` that `where` picks runs `function` bound to it as its forward
+    (its class's stays as it was); how many there were."""
+    count = 0
+    for module in model.modules():
+        if where(module):
+            module.forward = types.MethodType(function, module)
+            count += 1
+    return count
 
 
 def restore_forwards(model: Any, function: Callable[..., Any]) -> None:

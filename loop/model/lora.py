@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loop.model.forwards import give_forward, restore_forwards
+from loop.model.forwards import give_forwards, restore_forwards
 
 
 def fuse_lora_products(model: Any) -> int:
@@ -41,12 +41,11 @@ def fuse_lora_products(model: Any) -> int:
     """
     from peft.tuners.lora.layer import Linear
 
-    count = 0
-    for module in model.modules():
-        if isinstance(module, Linear) and not _is_subclass_layer(module, Linear):
-            give_forward(module, _one_product_forward)
-            count += 1
-    return count
+    return give_forwards(
+        model,
+        _one_product_forward,
+        lambda m: isinstance(m, Linear) and not _is_subclass_layer(m, Linear),
+    )
 
 
 def unfuse_lora_products(model: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loop.model.forwards import give_forward, restore_forwards
+from loop.model.forwards import give_forwards, restore_forwards
 
 NORM_CLASSES = ("Qwen2RMSNorm", "LlamaRMSNorm")  # transformers' norms of the models we load
 
@@ -33,12 +33,7 @@ def fuse_rms_norms(model: Any) -> int:
     """Give every transformers RMSNorm of `model` the one-kernel forward; how many there were.
 
     Idempotent; a norm of another class keeps its forward."""
-    count = 0
-    for module in model.modules():
-        if type(module).__name__ in NORM_CLASSES:
-            give_forward(module, _one_kernel_forward)
-            count += 1
-    return count
+    return give_forwards(model, _one_kernel_forward, lambda m: type(m).__name__ in NORM_CLASSES)
 
 
 def unfuse_rms_norms(model: Any) -> None:
